@@ -1,0 +1,33 @@
+# Two commands do everything on a fresh machine with Python 3.11+:
+#   make demo   the main job: a two-stage chain on a local moto server, checked end to end
+#   make test   lint, types and the test suite (what CI runs)
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: demo test lint types pytest bench clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $@
+
+demo: $(BIN)/.installed
+	$(BIN)/sqsinfer demo
+
+lint: $(BIN)/.installed
+	$(BIN)/ruff check app tests
+	$(BIN)/ruff format --check app tests
+
+types: $(BIN)/.installed
+	$(BIN)/mypy
+
+pytest: $(BIN)/.installed
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+test: lint types pytest
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

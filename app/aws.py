@@ -1,0 +1,44 @@
+"""One aioboto3 session, long-lived S3 and SQS clients with a pool sized to the work."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import aioboto3
+from aiobotocore.config import AioConfig
+
+# Connections beyond the in-flight bound: the keeper, the receive loop, DLQ and chain sends.
+_SPARE_CONNECTIONS = 8
+
+
+@dataclass
+class Clients:
+    s3: Any
+    sqs: Any
+
+
+def client_config(connections: int, read_timeout_s: float = 60.0) -> AioConfig:
+    return AioConfig(
+        max_pool_connections=connections,
+        connect_timeout=5,
+        read_timeout=read_timeout_s,
+        retries={"mode": "standard", "max_attempts": 3},
+        # SQS long polls need a read timeout longer than the wait; S3 conditional puts need
+        # the checksum defaults of current botocore, which moto and S3 both accept.
+    )
+
+
+@contextlib.asynccontextmanager
+async def open_clients(
+    region: str, endpoint_url: str = "", in_flight: int = 10, read_timeout_s: float = 60.0
+) -> AsyncIterator[Clients]:
+    session = aioboto3.Session()
+    config = client_config(in_flight + _SPARE_CONNECTIONS, read_timeout_s)
+    kwargs: dict[str, Any] = {"region_name": region, "config": config}
+    if endpoint_url:
+        kwargs["endpoint_url"] = endpoint_url
+    async with session.client("s3", **kwargs) as s3, session.client("sqs", **kwargs) as sqs:
+        yield Clients(s3=s3, sqs=sqs)

@@ -1,0 +1,67 @@
+"""Health and metrics over HTTP: `/livez`, `/readyz`, `/metrics` (aiohttp).
+
+Liveness means "the worker is making progress and its pool is usable", not "the
+process exists": a restart is the right answer only to the first being false.
+Readiness means "warmed up, not draining, and the last receive worked".
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Protocol
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+
+log = logging.getLogger("sqsinfer.health")
+
+
+class Probed(Protocol):
+    def livez(self) -> tuple[bool, str]: ...
+
+    def readyz(self) -> tuple[bool, str]: ...
+
+    def metrics_text(self) -> bytes: ...
+
+
+def _answer(result: tuple[bool, str]) -> web.Response:
+    ok, why = result
+    return web.Response(status=200 if ok else 503, text=("ok" if ok else why) + "\n")
+
+
+class HealthServer:
+    def __init__(self, target: Probed, host: str, port: int) -> None:
+        self.target = target
+        self.host = host
+        self.port = port
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_get("/livez", self._livez)
+        app.router.add_get("/readyz", self._readyz)
+        app.router.add_get("/metrics", self._metrics)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        await site.start()
+        sockets = getattr(site._server, "sockets", None)
+        if self.port == 0 and sockets:  # report the port the OS picked
+            self.port = int(sockets[0].getsockname()[1])
+        log.info("health server listening", extra={"host": self.host, "port": self.port})
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            runner, self._runner = self._runner, None
+            await runner.cleanup()
+
+    async def _livez(self, _: web.Request) -> web.Response:
+        return _answer(self.target.livez())
+
+    async def _readyz(self, _: web.Request) -> web.Response:
+        return _answer(self.target.readyz())
+
+    async def _metrics(self, _: web.Request) -> web.Response:
+        return web.Response(
+            body=self.target.metrics_text(), headers={"Content-Type": CONTENT_TYPE_LATEST}
+        )

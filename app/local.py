@@ -1,0 +1,86 @@
+"""The local stand-in for AWS: a moto server in its own process on loopback.
+
+Used by `sqsinfer demo`, the benchmarks and the tests. It runs as a separate process
+because in the worker's own process it would share the GIL and halve throughput.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+FAKE_CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_SESSION_TOKEN": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+_START_TIMEOUT_S = 30.0
+
+
+@dataclass
+class MotoServer:
+    url: str
+    process: subprocess.Popen[bytes]
+
+    def reset(self) -> None:
+        """Forget every bucket and queue (moto's reset endpoint)."""
+        request = urllib.request.Request(self.url + "/moto-api/reset", method="POST")
+        with urllib.request.urlopen(request, timeout=10):
+            pass
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def use_fake_credentials() -> None:
+    """Point boto at fake credentials, unless real ones are set on purpose."""
+    for key, value in FAKE_CREDENTIALS.items():
+        os.environ.setdefault(key, value)
+
+
+def _wait_until_up(url: str, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + _START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"moto server exited with code {process.returncode}")
+        try:
+            with urllib.request.urlopen(url + "/moto-api/", timeout=1):
+                return
+        except (urllib.error.URLError, OSError):
+            time.sleep(0.1)
+    raise RuntimeError(f"moto server did not answer at {url} within {_START_TIMEOUT_S} s")
+
+
+@contextlib.contextmanager
+def moto_server(port: int = 0) -> Iterator[MotoServer]:
+    """Start `moto_server` on 127.0.0.1 (a free port unless given) and stop it after."""
+    port = port or free_port()
+    url = f"http://127.0.0.1:{port}"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, **FAKE_CREDENTIALS},
+    )
+    try:
+        _wait_until_up(url, process)
+        yield MotoServer(url, process)
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

@@ -1,0 +1,209 @@
+"""SQS: long-poll receive, batched deletes and visibility changes, DLQ and next-stage sends.
+
+Deletes and visibility changes of single messages are gathered into batches of up to
+ten (the SQS limit) for a few milliseconds; each caller learns whether *its* entry
+succeeded, because only what `...Batch` reports under `Successful` counts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+log = logging.getLogger("sqsinfer.queue")
+
+SQS_BATCH_MAX = 10
+SQS_MAX_ATTRIBUTES = 10
+_LINGER_S = 0.005
+_DETAIL_MAX_CHARS = 1000
+
+REASON_ATTR = "sqsinfer.reason"
+DETAIL_ATTR = "sqsinfer.detail"
+SOURCE_ID_ATTR = "sqsinfer.source_message_id"
+SOURCE_QUEUE_ATTR = "sqsinfer.source_queue"
+_OWN_ATTRS = (REASON_ATTR, DETAIL_ATTR, SOURCE_ID_ATTR, SOURCE_QUEUE_ATTR)
+
+
+@dataclass(eq=False)
+class Message:
+    message_id: str
+    receipt_handle: str
+    body: str
+    receive_count: int
+    attributes: dict[str, Any] = field(default_factory=dict)
+    received_at: float = field(default_factory=time.monotonic)
+
+    @classmethod
+    def from_sqs(cls, raw: dict[str, Any]) -> Message:
+        system = raw.get("Attributes", {})
+        return cls(
+            message_id=raw["MessageId"],
+            receipt_handle=raw["ReceiptHandle"],
+            body=raw.get("Body", ""),
+            receive_count=int(system.get("ApproximateReceiveCount", 1)),
+            attributes=raw.get("MessageAttributes", {}) or {},
+        )
+
+
+BatchCall = Callable[[list[dict[str, Any]]], Awaitable[dict[str, Any]]]
+
+
+class Batcher:
+    """Collects single entries into batch calls; each submitter awaits its own result."""
+
+    def __init__(self, name: str, call: BatchCall, linger_s: float = _LINGER_S) -> None:
+        self.name = name
+        self._call = call
+        self._linger_s = linger_s
+        self._pending: list[tuple[dict[str, Any], asyncio.Future[bool]]] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._sending: set[asyncio.Task[None]] = set()
+
+    def submit(self, entry: dict[str, Any]) -> asyncio.Future[bool]:
+        """Queue one entry; the future says whether the service reported it successful."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[bool] = loop.create_future()
+        self._pending.append((entry, future))
+        if len(self._pending) >= SQS_BATCH_MAX:
+            self._flush()
+        elif self._timer is None:
+            self._timer = loop.call_later(self._linger_s, self._flush)
+        return future
+
+    def _flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        while self._pending:
+            batch, self._pending = self._pending[:SQS_BATCH_MAX], self._pending[SQS_BATCH_MAX:]
+            task = asyncio.get_running_loop().create_task(self._send(batch))
+            self._sending.add(task)
+            task.add_done_callback(self._sending.discard)
+
+    async def _send(self, batch: list[tuple[dict[str, Any], asyncio.Future[bool]]]) -> None:
+        entries = [dict(entry, Id=str(i)) for i, (entry, _) in enumerate(batch)]
+        try:
+            response = await self._call(entries)
+        except Exception as exc:
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        ok = {item["Id"] for item in response.get("Successful", [])}
+        for failed in response.get("Failed", []):
+            log.warning(
+                "%s entry failed: %s %s", self.name, failed.get("Code"), failed.get("Message")
+            )
+        for i, (_, future) in enumerate(batch):
+            if not future.done():
+                future.set_result(str(i) in ok)
+
+    async def drain(self) -> None:
+        """Send everything queued and wait for the calls in flight."""
+        self._flush()
+        while self._sending:
+            await asyncio.gather(*list(self._sending), return_exceptions=True)
+
+
+class SqsQueue:
+    """One queue: the consumer side of a stage."""
+
+    def __init__(self, client: Any, url: str) -> None:
+        self.client = client
+        self.url = url
+        self._deletes = Batcher("delete", self._delete_batch)
+        self._visibility = Batcher("visibility", self._visibility_batch)
+
+    async def receive(self, max_messages: int, wait_s: int, visibility_s: int) -> list[Message]:
+        response = await self.client.receive_message(
+            QueueUrl=self.url,
+            MaxNumberOfMessages=max(1, min(max_messages, SQS_BATCH_MAX)),
+            WaitTimeSeconds=wait_s,
+            VisibilityTimeout=visibility_s,
+            MessageSystemAttributeNames=["ApproximateReceiveCount"],
+            MessageAttributeNames=["All"],
+        )
+        return [Message.from_sqs(raw) for raw in response.get("Messages", [])]
+
+    def delete(self, message: Message) -> asyncio.Future[bool]:
+        return self._deletes.submit({"ReceiptHandle": message.receipt_handle})
+
+    def set_visibility(self, message: Message, seconds: int) -> asyncio.Future[bool]:
+        return self._visibility.submit(
+            {"ReceiptHandle": message.receipt_handle, "VisibilityTimeout": int(seconds)}
+        )
+
+    async def change_visibility_many(self, messages: list[Message], seconds: int) -> list[bool]:
+        """One batch call per ten messages; returns, per message, whether it succeeded."""
+        futures = [self.set_visibility(m, seconds) for m in messages]
+        results = await asyncio.gather(*futures, return_exceptions=True)
+        return [r is True for r in results]
+
+    async def drain(self) -> None:
+        await asyncio.gather(self._deletes.drain(), self._visibility.drain())
+
+    async def _delete_batch(self, entries: list[dict[str, Any]]) -> dict[str, Any]:
+        result: dict[str, Any] = await self.client.delete_message_batch(
+            QueueUrl=self.url, Entries=entries
+        )
+        return result
+
+    async def _visibility_batch(self, entries: list[dict[str, Any]]) -> dict[str, Any]:
+        result: dict[str, Any] = await self.client.change_message_visibility_batch(
+            QueueUrl=self.url, Entries=entries
+        )
+        return result
+
+    async def redrive_target(self) -> str | None:
+        """URL of the queue's dead-letter queue from its redrive policy, if it has one."""
+        response = await self.client.get_queue_attributes(
+            QueueUrl=self.url, AttributeNames=["RedrivePolicy"]
+        )
+        policy = response.get("Attributes", {}).get("RedrivePolicy")
+        if not policy:
+            return None
+        arn = orjson.loads(policy)["deadLetterTargetArn"]
+        _, _, _, _, account, name = arn.split(":", 5)
+        found = await self.client.get_queue_url(QueueName=name, QueueOwnerAWSAccountId=account)
+        return str(found["QueueUrl"])
+
+
+def _string_attr(value: str) -> dict[str, str]:
+    return {"DataType": "String", "StringValue": value}
+
+
+def dead_letter_attributes(
+    message: Message, reason: str, detail: str, source_queue: str
+) -> dict[str, Any]:
+    """The original attributes (as many as fit) plus why and where it was rejected."""
+    own = {
+        REASON_ATTR: _string_attr(reason),
+        DETAIL_ATTR: _string_attr(detail[:_DETAIL_MAX_CHARS] or "-"),
+        SOURCE_ID_ATTR: _string_attr(message.message_id),
+        SOURCE_QUEUE_ATTR: _string_attr(source_queue),
+    }
+    kept = {k: v for k, v in message.attributes.items() if k not in own}
+    room = SQS_MAX_ATTRIBUTES - len(own)
+    return dict(list(kept.items())[:room]) | own
+
+
+class Sender:
+    """Sends whole messages to a queue (the DLQ, or the next stage)."""
+
+    def __init__(self, client: Any, url: str) -> None:
+        self.client = client
+        self.url = url
+
+    async def send(self, body: str | bytes, attributes: dict[str, Any] | None = None) -> str:
+        text = body.decode() if isinstance(body, bytes) else body
+        kwargs: dict[str, Any] = {"QueueUrl": self.url, "MessageBody": text}
+        if attributes:
+            kwargs["MessageAttributes"] = attributes
+        response = await self.client.send_message(**kwargs)
+        return str(response["MessageId"])

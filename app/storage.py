@@ -1,0 +1,146 @@
+"""S3: bounded GET into shared memory, HEAD, and the conditional PUT that commits a result.
+
+The conditional put (`If-None-Match: *`) is where exactly-once is decided: the first
+writer of a key gets 200, every later one 412, and nothing is ever overwritten.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from dataclasses import dataclass
+from multiprocessing import shared_memory
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from app.messages import MessageRejected, S3Uri
+
+log = logging.getLogger("sqsinfer.storage")
+
+_CHUNK_BYTES = 1 << 20
+# S3 answers 409 ConditionalRequestConflict when two conditional writes of one key race;
+# botocore does not retry it, so the put is retried here, briefly.
+_CONFLICT_RETRIES_S = (0.05, 0.1, 0.2, 0.4, 0.8)
+
+
+def error_code(exc: BaseException) -> str:
+    if isinstance(exc, ClientError):
+        return str(exc.response.get("Error", {}).get("Code", ""))
+    return ""
+
+
+def http_status(exc: BaseException) -> int:
+    if isinstance(exc, ClientError):
+        return int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
+    return 0
+
+
+class SharedInput:
+    """An S3 object's bytes in POSIX shared memory, named for a child process to map."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        # Zero-byte segments are not allowed; an empty object still gets one page.
+        self._shm: shared_memory.SharedMemory | None = shared_memory.SharedMemory(
+            create=True, size=max(size, 1)
+        )
+        self.name = self._shm.name
+        view = self._shm.buf
+        assert view is not None  # a created segment is always mapped
+        self._view = view
+
+    def write_at(self, offset: int, chunk: bytes) -> None:
+        self._view[offset : offset + len(chunk)] = chunk
+
+    def close(self) -> None:
+        """Unmap and unlink. Idempotent."""
+        if self._shm is None:
+            return
+        shm, self._shm = self._shm, None
+        self._view.release()
+        with contextlib.suppress(BufferError):
+            shm.close()
+        with contextlib.suppress(FileNotFoundError):
+            shm.unlink()
+
+    def __enter__(self) -> SharedInput:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@dataclass
+class Storage:
+    client: Any  # an aiobotocore S3 client
+
+    async def head(self, uri: S3Uri) -> dict[str, str] | None:
+        """The object's metadata, or None when it does not exist."""
+        try:
+            response = await self.client.head_object(Bucket=uri.bucket, Key=uri.key)
+        except ClientError as exc:
+            if http_status(exc) == 404 or error_code(exc) in ("404", "NoSuchKey", "NotFound"):
+                return None
+            raise
+        return dict(response.get("Metadata", {}))
+
+    async def get_shared(self, uri: S3Uri, max_bytes: int) -> SharedInput:
+        """Stream an object into shared memory, refusing it when larger than `max_bytes`."""
+        try:
+            response = await self.client.get_object(Bucket=uri.bucket, Key=uri.key)
+        except ClientError as exc:
+            if error_code(exc) in ("NoSuchKey", "404") or http_status(exc) == 404:
+                raise MessageRejected("input_not_found", f"{uri} does not exist") from None
+            raise
+        body = response["Body"]
+        async with body:
+            size = int(response["ContentLength"])
+            if size > max_bytes:
+                raise MessageRejected(
+                    "input_too_large", f"{uri} is {size} bytes, limit {max_bytes}"
+                )
+            shared = SharedInput(size)
+            try:
+                await _read_into(body, shared)
+            except BaseException:
+                shared.close()
+                raise
+        return shared
+
+    async def put_if_absent(
+        self, uri: S3Uri, body: bytes, metadata: dict[str, str], content_type: str
+    ) -> bool:
+        """Create the object unless it exists. True: this call wrote it; False: it existed."""
+        for attempt, delay in enumerate((*_CONFLICT_RETRIES_S, None)):
+            try:
+                await self.client.put_object(
+                    Bucket=uri.bucket,
+                    Key=uri.key,
+                    Body=body,
+                    IfNoneMatch="*",
+                    Metadata=metadata,
+                    ContentType=content_type,
+                )
+                return True
+            except ClientError as exc:
+                if error_code(exc) == "PreconditionFailed" or http_status(exc) == 412:
+                    return False
+                if error_code(exc) != "ConditionalRequestConflict" or delay is None:
+                    raise
+                log.debug("conditional put conflict on %s, attempt %d", uri, attempt + 1)
+                await asyncio.sleep(delay * (0.5 + random.random()))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+
+async def _read_into(body: Any, shared: SharedInput) -> None:
+    offset = 0
+    async for chunk in body.iter_chunks(_CHUNK_BYTES):
+        if offset + len(chunk) > shared.size:
+            raise OSError("S3 sent more bytes than its Content-Length")
+        shared.write_at(offset, chunk)
+        offset += len(chunk)
+    if offset != shared.size:
+        raise OSError(f"S3 body ended after {offset} of {shared.size} bytes")

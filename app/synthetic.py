@@ -1,0 +1,55 @@
+"""Deterministic models and inputs, generated from a seed (demo, benchmarks, tests)."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import orjson
+
+
+def train_model(
+    path: str, n_features: int, *, trees: int = 20, depth: int = 4, rows: int = 2000, seed: int = 0
+) -> str:
+    """Train a small regression Booster on synthetic data and save it (.ubj or .json)."""
+    import xgboost
+
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((rows, n_features)).astype(np.float32)
+    weights = rng.standard_normal(n_features)
+    y = x @ weights + 0.1 * rng.standard_normal(rows)
+    booster = xgboost.train(
+        {"max_depth": depth, "eta": 0.3, "nthread": 1, "seed": seed},
+        xgboost.DMatrix(x, label=y),
+        num_boost_round=trees,
+    )
+    booster.save_model(path)
+    return path
+
+
+def make_rows(n_rows: int, n_features: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((n_rows, n_features)).astype(np.float32)
+
+
+def encode_input(array: np.ndarray, fmt: str) -> bytes:
+    """The bytes of an input file in one of the accepted formats."""
+    if fmt == "npy":
+        out = io.BytesIO()
+        np.save(out, array, allow_pickle=False)
+        return out.getvalue()
+    if fmt == "json":
+        return orjson.dumps(array, option=orjson.OPT_SERIALIZE_NUMPY)
+    if fmt == "jsonl":
+        return b"".join(orjson.dumps(row.tolist()) + b"\n" for row in array)
+    if fmt == "csv":
+        header = ",".join(f"f{i}" for i in range(array.shape[1]))
+        lines = [",".join(repr(float(v)) for v in row) for row in array]
+        return ("\n".join([header, *lines]) + "\n").encode()
+    raise ValueError(f"unknown format {fmt}")
+
+
+def decode_output(data: bytes, fmt: str) -> np.ndarray:
+    if fmt == "json":
+        return np.asarray(orjson.loads(data), dtype=np.float32)
+    array: np.ndarray = np.load(io.BytesIO(data), allow_pickle=False)
+    return array

@@ -1,0 +1,170 @@
+"""Fixtures: a moto server on loopback (its own process), queues, buckets, a small model."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import boto3
+import pytest
+
+from app import local, synthetic
+from app.config import Settings
+from app.worker import Worker
+
+N_FEATURES = 8
+MAX_RECEIVE_COUNT = 3
+
+
+@pytest.fixture(scope="session")
+def moto() -> Iterator[local.MotoServer]:
+    local.use_fake_credentials()
+    with local.moto_server() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def model_path(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("model") / "model.ubj"
+    return synthetic.train_model(str(path), N_FEATURES, trees=10, depth=3, seed=1)
+
+
+@dataclass
+class Stage:
+    """One stage's queues and buckets on the moto server, with sync clients to inspect them."""
+
+    endpoint: str
+    s3: Any
+    sqs: Any
+    bucket: str
+    queue_url: str
+    dlq_url: str
+    next_url: str
+    next_dlq_url: str
+
+    def put_input(self, name: str, data: bytes) -> str:
+        self.s3.put_object(Bucket=self.bucket, Key=f"in/{name}", Body=data)
+        return f"s3://{self.bucket}/in/{name}"
+
+    def send(self, body: dict[str, Any] | str, queue_url: str | None = None) -> str:
+        text = body if isinstance(body, str) else json.dumps(body)
+        response = self.sqs.send_message(QueueUrl=queue_url or self.queue_url, MessageBody=text)
+        return str(response["MessageId"])
+
+    def outputs(self, prefix: str = "out/") -> dict[str, bytes]:
+        keys = []
+        for page in self.s3.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket, Prefix=prefix
+        ):
+            keys += [item["Key"] for item in page.get("Contents", [])]
+        return {k: self.s3.get_object(Bucket=self.bucket, Key=k)["Body"].read() for k in keys}
+
+    def counts(self, queue_url: str) -> tuple[int, int]:
+        attrs = self.sqs.get_queue_attributes(
+            QueueUrl=queue_url,
+            AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
+        )["Attributes"]
+        return (
+            int(attrs["ApproximateNumberOfMessages"]),
+            int(attrs["ApproximateNumberOfMessagesNotVisible"]),
+        )
+
+    def drain_queue(self, queue_url: str) -> list[dict[str, Any]]:
+        """Receive (and delete) everything visible on a queue."""
+        got: list[dict[str, Any]] = []
+        while True:
+            response = self.sqs.receive_message(
+                QueueUrl=queue_url,
+                MaxNumberOfMessages=10,
+                WaitTimeSeconds=0,
+                MessageAttributeNames=["All"],
+                MessageSystemAttributeNames=["All"],
+            )
+            batch = response.get("Messages", [])
+            if not batch:
+                return got
+            for message in batch:
+                self.sqs.delete_message(QueueUrl=queue_url, ReceiptHandle=message["ReceiptHandle"])
+            got += batch
+
+
+def _queue_pair(sqs: Any, name: str) -> tuple[str, str]:
+    dlq = sqs.create_queue(QueueName=f"{name}-dlq")["QueueUrl"]
+    arn = sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueArn"])["Attributes"][
+        "QueueArn"
+    ]
+    policy = json.dumps({"deadLetterTargetArn": arn, "maxReceiveCount": str(MAX_RECEIVE_COUNT)})
+    url = sqs.create_queue(
+        QueueName=name, Attributes={"RedrivePolicy": policy, "VisibilityTimeout": "30"}
+    )["QueueUrl"]
+    return url, dlq
+
+
+@pytest.fixture
+def stage(moto: local.MotoServer) -> Stage:
+    kw = {"endpoint_url": moto.url, "region_name": "us-east-1"}
+    s3, sqs = boto3.client("s3", **kw), boto3.client("sqs", **kw)
+    name = "t" + uuid.uuid4().hex[:10]
+    s3.create_bucket(Bucket=name)
+    url, dlq = _queue_pair(sqs, name)
+    next_url, next_dlq = _queue_pair(sqs, name + "-next")
+    return Stage(moto.url, s3, sqs, name, url, dlq, next_url, next_dlq)
+
+
+@pytest.fixture
+def make_settings(stage: Stage, model_path: str) -> Callable[..., Settings]:
+    def make(**overrides: Any) -> Settings:
+        values: dict[str, Any] = {
+            "queue_url": stage.queue_url,
+            "model_path": model_path,
+            "allowed_input_prefixes": f"s3://{stage.bucket}/in/",
+            "output_prefix": f"s3://{stage.bucket}/out/",
+            "endpoint_url": stage.endpoint,
+            "processes": "1",
+            "wait_time_s": "1",
+            "visibility_timeout_s": "30",
+            "heartbeat_s": "10",
+            "health_host": "127.0.0.1",
+            "health_port": "0",
+            "retry_base_s": "1",
+            "drain_deadline_s": "10",
+        }
+        values.update({k: str(v) for k, v in overrides.items()})
+        return Settings.load(environ={}, overrides=values)
+
+    return make
+
+
+@contextlib.asynccontextmanager
+async def running(settings: Settings) -> AsyncIterator[Worker]:
+    """A worker serving in this event loop; stopped (and drained) on exit."""
+    worker = Worker(settings)
+    serving = asyncio.create_task(worker.serve())
+    try:
+        while not worker.ready:
+            if serving.done():
+                serving.result()  # start-up failed: raise its error here
+            await asyncio.sleep(0.02)
+        yield worker
+    finally:
+        worker.stop()
+        await asyncio.wait_for(serving, 60)
+
+
+async def eventually(check: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    """Wait until `check()` is true (polling), or fail with the time it took."""
+    deadline = time.monotonic() + timeout_s
+    while not await asyncio.to_thread(check):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout_s} s")
+        await asyncio.sleep(0.1)
+
+
+def outcome_count(worker: Worker, outcome: str) -> int:
+    return worker.metrics.outcomes[outcome]
