@@ -81,6 +81,11 @@ class Settings:
         25.0, "on SIGTERM, how long in-flight tasks may finish (below the pod's grace)", float
     )
     max_task_time_s: float = _opt(900.0, "a task running longer is abandoned and retried", float)
+    chain_settle_s: float = _opt(
+        30.0,
+        "a delivery that finds another's fresh output waits this long for its chain link",
+        float,
+    )
     max_message_bytes: int = _opt(262_144, "largest message body accepted", int)
     max_input_bytes: int = _opt(64 * 2**20, "largest input object read from S3", int)
     max_decoded_bytes: int = _opt(256 * 2**20, "largest decoded input array", int)
@@ -217,6 +222,7 @@ def _check_numbers(s: Settings, _: bool) -> None:
     _require(0 <= s.wait_time_s <= 20, "wait_time_s", "must be 0-20")
     _require(s.drain_deadline_s > 0, "drain_deadline_s", "must be above 0")
     _require(s.max_task_time_s > 0, "max_task_time_s", "must be above 0")
+    _require(s.chain_settle_s > 0, "chain_settle_s", "must be above 0")
     _require(0 < s.retry_base_s <= s.retry_max_s, "retry_base_s", "must be in (0, retry_max_s]")
     _require(
         s.retry_max_s <= _SQS_MAX_VISIBILITY_S, "retry_max_s", f"at most {_SQS_MAX_VISIBILITY_S}"

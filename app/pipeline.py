@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 import time
 from dataclasses import dataclass, field
@@ -36,6 +37,14 @@ CHAIN_MARKER_SUFFIX = ".chain"
 _CONTENT_TYPES = {"npy": "application/x-npy", "json": "application/json"}
 # Phases after which shutdown lets a task finish instead of releasing its message.
 STARTED_PHASES = frozenset({"infer", "commit", "done"})
+
+
+class ChainPending(Exception):
+    """Another delivery wrote the output moments ago and has not linked it yet."""
+
+    def __init__(self, wait_s: float) -> None:
+        super().__init__(f"chain link pending for {wait_s:.1f} s")
+        self.wait_s = wait_s
 
 
 @dataclass(eq=False)
@@ -108,6 +117,9 @@ class Pipeline:
                 return await self._run(held, held.task)
             except (MessageRejected, InputError) as exc:
                 return await self._reject(held, exc.reason, exc.detail)
+        except ChainPending as pending:
+            held.reason = "chain_pending"
+            return await self._retry(held, pending.wait_s)
         except Exception as exc:  # transient by default: the redrive policy bounds retries
             held.reason = error_code(exc) or type(exc).__name__
             log.warning("task failed, will retry: %s", exc, extra=self._ids(held))
@@ -115,8 +127,9 @@ class Pipeline:
 
     async def _run(self, held: Held, task: Task) -> str:
         held.phase = "check"
-        if await self.storage.head(task.output) is not None:
-            await self._chain(held, task, won=False)
+        existing = await self.storage.head(task.output)
+        if existing is not None:
+            await self._chain(held, task, won=False, output_age_s=existing.age_s)
             return await self._finish(held, "duplicate")
         held.phase = "fetch"
         with Timer(held, self.metrics, "s3_get"):
@@ -131,7 +144,7 @@ class Pipeline:
                 self._metadata(held),
                 _CONTENT_TYPES[task.output_format],
             )
-        await self._chain(held, task, won=won)
+        await self._chain(held, task, won=won)  # a 412 means the other writer is alive just now
         return await self._finish(held, "committed" if won else "duplicate")
 
     async def _infer(self, held: Held, task: Task, shm_name: str, size: int) -> dict[str, Any]:
@@ -154,28 +167,36 @@ class Pipeline:
         return result
 
     # -- chaining ---------------------------------------------------------------------
-    async def _chain(self, held: Held, task: Task, *, won: bool) -> None:
-        """Send the output to the next stage, once in effect.
+    async def _chain(self, held: Held, task: Task, *, won: bool, output_age_s: float = 0) -> None:
+        """Hand the output to the next stage: never lost, and sent once in effect.
 
-        The marker is written only after the send, so a crash in between leaves no
-        marker and the next delivery sends again: the link is never lost. A delivery
-        that did not write the output sends only when the marker is absent, so a
-        redelivery does not add a downstream message. Two deliveries racing through
-        that check both send; the marker's conditional put detects and counts it.
+        The delivery that wrote the output sends the next message, then writes the
+        marker `<output>.chain`. Another delivery that finds the output sends nothing
+        while the marker is present. When the marker is absent it cannot tell a
+        writer still sending from one that crashed after its write, so it waits:
+        while the output is younger than `chain_settle_s` the message is retried
+        later; once older, the writer is presumed dead and this delivery sends. A
+        crash between the write and the send therefore delays the link, never loses
+        it, and a live duplicate never adds a downstream message.
         """
         if self.next_stage is None:
             return
         held.phase = "commit"
         marker = chain_marker(task.output)
         with Timer(held, self.metrics, "chain"):
-            if not won and await self.storage.head(marker) is not None:
-                return
+            if not won:
+                if await self.storage.head(marker) is not None:
+                    return
+                if output_age_s < self.settings.chain_settle_s:
+                    raise ChainPending(self.settings.chain_settle_s - output_age_s)
             sent_id = await self.next_stage.send(next_stage_body(task))
             note = orjson.dumps({"next_message_id": sent_id, "queue": self.next_stage.url})
             created = await self.storage.put_if_absent(
                 marker, note, self._metadata(held), "application/json"
             )
-        if not created:
+        if (
+            not created
+        ):  # two deliveries sent: only after a crash, or a writer slower than the settle
             self.metrics.chain_duplicates.inc()
             log.warning("next stage sent twice", extra=self._ids(held))
 
@@ -202,9 +223,12 @@ class Pipeline:
         delay = min(s.retry_max_s, s.retry_base_s * 2 ** max(0, receive_count - 1))
         return int(delay * random.uniform(0.8, 1.0)) or 1
 
-    async def _retry(self, held: Held) -> str:
+    async def _retry(self, held: Held, delay_s: float | None = None) -> str:
         held.outcome = "retried"
-        delay = self.retry_delay_s(held.message.receive_count)
+        if delay_s is None:
+            delay = self.retry_delay_s(held.message.receive_count)
+        else:
+            delay = max(1, math.ceil(delay_s))
         try:
             await asyncio.shield(self.queue.set_visibility(held.message, delay))
         except Exception as exc:  # then it comes back when its current visibility lapses

@@ -172,7 +172,8 @@ class InferencePool:
             self._lost(slot, f"process {slot.index} pid={slot.pid} died during a task")
             raise PoolCrashed(f"inference process pid={slot.pid} died") from None
         except asyncio.CancelledError:
-            if not future.done():
+            # Cancelling the await cancels the asyncio future too, but not the child.
+            if future.cancelled() or not future.done():
                 # The child cannot be interrupted; kill it so a stuck or abandoned task
                 # does not hold the slot, and start a fresh one.
                 self._kill(slot)

@@ -11,6 +11,8 @@ import contextlib
 import logging
 import random
 from dataclasses import dataclass
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 from multiprocessing import shared_memory
 from typing import Any
 
@@ -73,19 +75,37 @@ class SharedInput:
         self.close()
 
 
+@dataclass(frozen=True)
+class ObjectInfo:
+    metadata: dict[str, str]
+    age_s: float  # by the server's own clock: its Date header minus Last-Modified
+
+
+def _age_s(response: dict[str, Any]) -> float:
+    modified = response.get("LastModified")
+    date = response.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
+    if modified is None:
+        return 0.0
+    try:
+        now = parsedate_to_datetime(date) if date else datetime.now(UTC)
+    except (TypeError, ValueError):
+        now = datetime.now(UTC)
+    return max(0.0, float((now - modified).total_seconds()))
+
+
 @dataclass
 class Storage:
     client: Any  # an aiobotocore S3 client
 
-    async def head(self, uri: S3Uri) -> dict[str, str] | None:
-        """The object's metadata, or None when it does not exist."""
+    async def head(self, uri: S3Uri) -> ObjectInfo | None:
+        """The object's metadata and age, or None when it does not exist."""
         try:
             response = await self.client.head_object(Bucket=uri.bucket, Key=uri.key)
         except ClientError as exc:
             if http_status(exc) == 404 or error_code(exc) in ("404", "NoSuchKey", "NotFound"):
                 return None
             raise
-        return dict(response.get("Metadata", {}))
+        return ObjectInfo(dict(response.get("Metadata", {})), _age_s(response))
 
     async def get_shared(self, uri: S3Uri, max_bytes: int) -> SharedInput:
         """Stream an object into shared memory, refusing it when larger than `max_bytes`."""

@@ -168,3 +168,8 @@ async def eventually(check: Callable[[], bool], timeout_s: float = 30.0) -> None
 
 def outcome_count(worker: Worker, outcome: str) -> int:
     return worker.metrics.outcomes[outcome]
+
+
+def sample(metrics: Any, name: str, **labels: str) -> float:
+    """The current value of one metric sample (0 when it was never set)."""
+    return metrics.registry.get_sample_value(name, labels) or 0.0

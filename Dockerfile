@@ -1,0 +1,79 @@
+# syntax=docker/dockerfile:1
+# sqsinfer worker image.
+#
+#   docker build -t sqsinfer .
+#   docker build -t sqsinfer:stage1 --build-arg MODEL_FILE=models/stage1.ubj .
+#
+# MODEL_FILE (optional) is a model file in the build context; it is baked in at
+# /models/$MODEL_NAME and SQSINFER_MODEL_PATH points at it. Without it, mount the model
+# (the Helm chart's `model.volume`) and set SQSINFER_MODEL_PATH.
+#
+# The image runs as UID 10001 and needs no writable root filesystem: give it /tmp and a
+# memory-backed /dev/shm large enough for processes x prefetch x max input size, e.g.
+#   docker run --read-only --tmpfs /tmp --shm-size 512m -e SQSINFER_... sqsinfer
+
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+# ---- builder: the project and its dependencies in a virtual environment --------------
+FROM ${PYTHON_IMAGE} AS builder
+
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PATH=/opt/venv/bin:$PATH
+
+RUN python -m venv /opt/venv
+
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY app ./app
+
+# The project depends on xgboost-cpu: the CPU-only wheel, without the CUDA libraries
+# that the plain xgboost wheel pulls in. Fail the build if anything brought those in.
+RUN pip install --no-cache-dir . \
+    && pip show xgboost-cpu > /dev/null \
+    && if pip show xgboost > /dev/null 2>&1; then echo "xgboost (CUDA) installed" >&2; exit 1; fi \
+    && if pip freeze | grep -i '^nvidia-'; then echo "CUDA libraries installed" >&2; exit 1; fi \
+    && sqsinfer --help > /dev/null
+
+# The optional baked-in model, staged so the runtime stage can copy it unconditionally.
+ARG MODEL_FILE=""
+ARG MODEL_NAME=model.ubj
+RUN --mount=type=bind,target=/context \
+    mkdir -p /out/models \
+    && if [ -n "${MODEL_FILE}" ]; then \
+         cp "/context/${MODEL_FILE}" "/out/models/${MODEL_NAME}" \
+         && chmod 0444 "/out/models/${MODEL_NAME}"; \
+       fi
+
+# ---- runtime ------------------------------------------------------------------------
+FROM ${PYTHON_IMAGE} AS runtime
+
+# tini is PID 1: it hands SIGTERM to the worker (which drains and releases its messages)
+# and reaps the inference processes the worker spawns.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends tini \
+    && rm -rf /var/lib/apt/lists/* \
+    && groupadd --system --gid 10001 sqsinfer \
+    && useradd --system --uid 10001 --gid 10001 --no-create-home \
+         --home-dir /nonexistent --shell /usr/sbin/nologin sqsinfer
+
+COPY --from=builder /opt/venv /opt/venv
+COPY --from=builder /out/models /models
+
+ARG MODEL_FILE=""
+ARG MODEL_NAME=model.ubj
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    SQSINFER_MODEL_PATH=${MODEL_FILE:+/models/${MODEL_NAME}}
+
+USER 10001:10001
+WORKDIR /tmp
+
+# /livez, /readyz and /metrics (SQSINFER_HEALTH_PORT).
+EXPOSE 8080
+
+ENTRYPOINT ["tini", "--", "sqsinfer"]
+CMD ["worker"]

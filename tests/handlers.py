@@ -1,0 +1,49 @@
+"""Model handlers for tests, loaded by dotted path in spawned processes like any other.
+
+`ScriptedHandler` lets a test script what the model does through its input: the first
+cell of the first row is an instruction, the prediction is each row's sum.
+  > 0   sleep that many seconds, then predict
+  -1    the process kills itself (a segfault or an OOM kill, as the pool sees it)
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+
+KILL = -1.0
+
+
+class ScriptedHandler:
+    def load(self, model_path: str, threads: int) -> None:
+        self.model_path = model_path
+
+    def predict(self, array: np.ndarray) -> np.ndarray:
+        first = float(array[0, 0])
+        if first == KILL:
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif first > 0:
+            time.sleep(first)
+        return array.sum(axis=1)
+
+
+class FailingLoadHandler:
+    def load(self, model_path: str, threads: int) -> None:
+        raise RuntimeError("this model refuses to load")
+
+    def predict(self, array: np.ndarray) -> np.ndarray:  # pragma: no cover
+        return array
+
+
+def loaded_modules() -> list[str]:
+    """Run in a pool process: which modules it has imported (fork would inherit the parent's)."""
+    return sorted(sys.modules)
+
+
+def start_method_marker() -> bool:
+    """Run in a pool process: is the parent's test-only marker module present?"""
+    return "tests.parent_only_marker" in sys.modules
