@@ -17,6 +17,7 @@ import logging
 import math
 import random
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,6 +59,7 @@ class Held:
     outcome: str | None = None
     reason: str = ""
     timings: dict[str, float] = field(default_factory=dict)
+    delivery_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     @property
     def started(self) -> bool:
@@ -138,14 +140,20 @@ class Pipeline:
             result = await self._infer(held, task, shared.name, shared.size)
         held.phase = "commit"
         with Timer(held, self.metrics, "commit"):
-            won = await self.storage.put_if_absent(
-                task.output,
-                result["body"],
-                self._metadata(held),
-                _CONTENT_TYPES[task.output_format],
-            )
+            won = await self._commit(held, task, result["body"])
         await self._chain(held, task, won=won)  # a 412 means the other writer is alive just now
         return await self._finish(held, "committed" if won else "duplicate")
+
+    async def _commit(self, held: Held, task: Task, body: bytes) -> bool:
+        """The conditional put. True when this delivery's write is the one that stands."""
+        metadata = self._metadata(held)
+        content_type = _CONTENT_TYPES[task.output_format]
+        if await self.storage.put_if_absent(task.output, body, metadata, content_type):
+            return True
+        # A 412 can answer our own write: the SDK retries a put whose answer was lost in
+        # a dropped connection. The delivery id in the metadata tells the two apart.
+        existing = await self.storage.head(task.output)
+        return existing is not None and existing.metadata.get("delivery") == held.delivery_id
 
     async def _infer(self, held: Held, task: Task, shm_name: str, size: int) -> dict[str, Any]:
         held.phase = "wait"
@@ -252,6 +260,7 @@ class Pipeline:
             "model-sha256": self.model_sha256,
             "message-id": held.message.message_id,
             "worker": self.settings.worker_id,
+            "delivery": held.delivery_id,
         }
 
     def _ids(self, held: Held) -> dict[str, Any]:

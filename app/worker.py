@@ -28,6 +28,7 @@ from app.messages import MessageRules
 from app.metrics import Metrics
 from app.pipeline import Held, Pipeline
 from app.pool import InferencePool, PoolConfig
+from app.preflight import Preflight, StartupError, StoppedWhileStarting
 from app.queue import Message, Sender, SqsQueue
 from app.storage import Storage
 from app.visibility import VisibilityKeeper
@@ -35,13 +36,10 @@ from app.visibility import VisibilityKeeper
 log = logging.getLogger("sqsinfer.worker")
 
 _RECEIVE_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 20.0)
+__all__ = ["StartupError", "Worker", "run_worker"]
 _COMMIT_GRACE_S = 10.0  # after the drain deadline, how long a commit already under way may take
 _FORCED_RELEASE_S = 5.0
 _IDLE_TICK_S = 1.0
-
-
-class StartupError(Exception):
-    """The worker cannot start; the message says why and what to change."""
 
 
 class Worker:
@@ -79,7 +77,11 @@ class Worker:
             await self.health.start()
             stack.push_async_callback(self.health.stop)
             clients = await stack.enter_async_context(self._clients())
-            pipeline = await self.startup(clients)
+            try:
+                pipeline = await self.startup(clients)
+            except StoppedWhileStarting:
+                log.info("stopped before ready")
+                return
             stack.push_async_callback(self.pool.close)
             if not self.should_exit:
                 await self.main_loop(pipeline)
@@ -120,7 +122,7 @@ class Worker:
                 f"{sha256}, expected {s.model_sha256}"
             )
         queue = SqsQueue(clients.sqs, s.queue_url)
-        dlq_url = await self._dead_letter_url(queue)
+        found = await Preflight(s, clients, self._exit_requested).run()
         self.last_receive_ok = True  # the queue answered; readiness waits for no first poll
         await self.pool.start()
         log.info(
@@ -138,7 +140,7 @@ class Worker:
             ),
             storage=Storage(clients.s3),
             queue=queue,
-            dead_letters=Sender(clients.sqs, dlq_url),
+            dead_letters=Sender(clients.sqs, found.dlq_url),
             next_stage=Sender(clients.sqs, s.next_queue_url) if s.next_queue_url else None,
             pool=self.pool,
             metrics=self.metrics,
@@ -154,31 +156,6 @@ class Worker:
         )
         self._background.append(asyncio.create_task(self.keeper.run(), name="visibility"))
         return pipeline
-
-    async def _dead_letter_url(self, queue: SqsQueue) -> str:
-        """The DLQ: from settings, or the queue's redrive target. Also proves the queue exists."""
-        delay = iter(_RECEIVE_BACKOFF_S * 3)
-        while True:
-            try:
-                target = await queue.redrive_target()
-                break
-            except ClientError as exc:
-                raise StartupError(
-                    f"{config.env_name('queue_url')}: cannot read {queue.url}: {exc}"
-                ) from None
-            except BotoCoreError as exc:  # endpoint down: it may come back
-                wait_s = next(delay, None)
-                if wait_s is None or self.should_exit:
-                    raise StartupError(f"cannot reach SQS at {queue.url}: {exc}") from None
-                log.warning("SQS not reachable, retrying: %s", exc)
-                await asyncio.sleep(wait_s)
-        url = self.settings.dlq_url or target
-        if not url:
-            raise StartupError(
-                f"{config.env_name('dlq_url')}: not set, and {queue.url} has no redrive policy; "
-                "rejected messages need a dead-letter queue"
-            )
-        return url
 
     # -- main loop --------------------------------------------------------------------
     async def main_loop(self, pipeline: Pipeline) -> None:
