@@ -10,6 +10,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from app import config, logs
+from app.bench import add_parser as add_bench
 
 log = logging.getLogger("sqsinfer")
 
@@ -99,7 +100,25 @@ def _add_demo(sub: Any) -> None:
     p.set_defaults(func=cmd_demo)
 
 
-COMMANDS: list[Callable[[Any], None]] = [_add_worker, _add_demo]
+def _add_chaos(sub: Any) -> None:
+    from app import chaos
+
+    chaos.add_parser(sub)
+
+
+def _add_faultproxy(sub: Any) -> None:
+    from app import faults
+
+    faults.add_parser(sub)
+
+
+COMMANDS: list[Callable[[Any], None]] = [
+    _add_worker,
+    _add_demo,
+    _add_chaos,
+    _add_faultproxy,
+    add_bench,
+]
 
 
 def build_parser() -> argparse.ArgumentParser:

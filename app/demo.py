@@ -43,24 +43,27 @@ class Plan:
     queues: dict[str, str] = field(default_factory=dict)
 
 
-def _clients(endpoint: str) -> tuple[Any, Any]:
+def clients(endpoint: str) -> tuple[Any, Any]:
     import boto3
 
     kw = {"endpoint_url": endpoint, "region_name": "us-east-1"}
     return boto3.client("s3", **kw), boto3.client("sqs", **kw)
 
 
-def _create_queues(sqs: Any) -> dict[str, str]:
+def create_queues(
+    sqs: Any, prefix: str = "demo", max_receive_count: int = MAX_RECEIVE_COUNT
+) -> dict[str, str]:
+    """Two stages of queues, each with a dead-letter queue and a redrive policy."""
     urls = {}
     for stage in ("stage1", "stage2"):
-        dlq = sqs.create_queue(QueueName=f"demo-{stage}-dlq")["QueueUrl"]
+        dlq = sqs.create_queue(QueueName=f"{prefix}-{stage}-dlq")["QueueUrl"]
         arn = sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueArn"])
         policy = {
             "deadLetterTargetArn": arn["Attributes"]["QueueArn"],
-            "maxReceiveCount": str(MAX_RECEIVE_COUNT),
+            "maxReceiveCount": str(max_receive_count),
         }
         urls[stage] = sqs.create_queue(
-            QueueName=f"demo-{stage}", Attributes={"RedrivePolicy": json.dumps(policy)}
+            QueueName=f"{prefix}-{stage}", Attributes={"RedrivePolicy": json.dumps(policy)}
         )["QueueUrl"]
         urls[f"{stage}-dlq"] = dlq
     return urls
@@ -122,9 +125,9 @@ def _enqueue(sqs: Any, url: str, bodies: list[str]) -> None:
 
 
 def prepare(endpoint: str, tasks: int, rows: int) -> Plan:
-    s3, sqs = _clients(endpoint)
+    s3, sqs = clients(endpoint)
     s3.create_bucket(Bucket=BUCKET)
-    plan = Plan(queues=_create_queues(sqs))
+    plan = Plan(queues=create_queues(sqs))
     made = _upload_valid(s3, tasks, rows)
     plan.valid = {task_id: array for task_id, (array, _) in made.items()}
     plan.bad = _bad_inputs(s3)
@@ -142,6 +145,11 @@ class StageProcess:
     process: subprocess.Popen[bytes]
     health_port: int
     log_path: str
+    env: dict[str, str] = field(default_factory=dict)
+
+    def restart(self) -> None:
+        """Start the same worker again (same settings, same log file)."""
+        self.process = _spawn_worker(self.env, self.log_path)
 
     def metrics(self) -> dict[str, float]:
         url = f"http://127.0.0.1:{self.health_port}/metrics"
@@ -175,14 +183,14 @@ def start_stage(name: str, env: dict[str, str], workdir: str) -> StageProcess:
         "SQSINFER_LOG_FORMAT": "json",
         "SQSINFER_WORKER_ID": f"demo-{name}",
     }
-    with open(log_path, "wb") as log_file:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "app", "worker"],
-            env=full_env,
-            stderr=log_file,
-            stdout=log_file,
+    return StageProcess(name, _spawn_worker(full_env, log_path), port, log_path, full_env)
+
+
+def _spawn_worker(env: dict[str, str], log_path: str) -> subprocess.Popen[bytes]:
+    with open(log_path, "ab") as log_file:
+        return subprocess.Popen(
+            [sys.executable, "-m", "app", "worker"], env=env, stderr=log_file, stdout=log_file
         )
-    return StageProcess(name, process, port, log_path)
 
 
 def _stage_env(
@@ -260,23 +268,23 @@ def stop_stages(stages: list[StageProcess]) -> list[int]:
     return [stage.process.wait(timeout=60) for stage in stages]
 
 
-def _predictor(model_path: str) -> XGBoostHandler:
+def predictor(model_path: str) -> XGBoostHandler:
     handler = XGBoostHandler()
     handler.load(model_path, 1)
     return handler
 
 
-def _objects(s3: Any, prefix: str) -> dict[str, bytes]:
+def read_objects(s3: Any, prefix: str, bucket: str = BUCKET) -> dict[str, bytes]:
     found = {}
-    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix):
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
         for item in page.get("Contents", []):
             found[item["Key"]] = b""
     with ThreadPoolExecutor(8) as pool:
-        bodies = pool.map(lambda k: s3.get_object(Bucket=BUCKET, Key=k)["Body"].read(), found)
+        bodies = pool.map(lambda k: s3.get_object(Bucket=bucket, Key=k)["Body"].read(), found)
         return dict(zip(found, bodies, strict=True))
 
 
-def _check_stage(
+def check_stage(
     objects: dict[str, bytes], expected: dict[str, np.ndarray], fmt: str
 ) -> tuple[list[str], dict[str, np.ndarray]]:
     """Compare outputs with expected predictions; return problems and the decoded outputs."""
@@ -296,12 +304,12 @@ def _check_stage(
 
 
 def check(endpoint: str, plan: Plan, workdir: str) -> tuple[list[str], dict[str, Any]]:
-    s3, sqs = _clients(endpoint)
-    model1 = _predictor(os.path.join(workdir, "stage1.ubj"))
-    model2 = _predictor(os.path.join(workdir, "stage2.json"))
+    s3, sqs = clients(endpoint)
+    model1 = predictor(os.path.join(workdir, "stage1.ubj"))
+    model2 = predictor(os.path.join(workdir, "stage2.json"))
     expected1 = {f"stage1/{t}.npy": model1.predict(rows) for t, rows in plan.valid.items()}
-    stage1 = _objects(s3, "stage1/")
-    problems, decoded1 = _check_stage(stage1, expected1, "npy")
+    stage1 = read_objects(s3, "stage1/")
+    problems, decoded1 = check_stage(stage1, expected1, "npy")
     markers = sum(1 for k in stage1 if k.endswith(".chain"))
     if markers != len(plan.valid):
         problems.append(f"{markers} chain markers for {len(plan.valid)} tasks")
@@ -309,18 +317,18 @@ def check(endpoint: str, plan: Plan, workdir: str) -> tuple[list[str], dict[str,
         f"stage2/{k[len('stage1/') : -len('.npy')]}.json": model2.predict(v.reshape(-1, 1))
         for k, v in decoded1.items()
     }
-    more, _ = _check_stage(_objects(s3, "stage2/"), expected2, "json")
+    more, _ = check_stage(read_objects(s3, "stage2/"), expected2, "json")
     problems += more
-    dead = _dead_letters(sqs, plan.queues["stage1-dlq"])
+    dead = dead_letters(sqs, plan.queues["stage1-dlq"])
     if dead != plan.bad:
         problems.append(f"DLQ holds {dead}, expected {plan.bad}")
-    if _dead_letters(sqs, plan.queues["stage2-dlq"]):
+    if dead_letters(sqs, plan.queues["stage2-dlq"]):
         problems.append("stage 2 DLQ is not empty")
     facts = {"outputs": [len(decoded1), len(expected2)], "dead_letters": dead}
     return problems, facts
 
 
-def _dead_letters(sqs: Any, url: str) -> dict[str, str]:
+def dead_letters(sqs: Any, url: str) -> dict[str, str]:
     found: dict[str, str] = {}
     while True:
         got = sqs.receive_message(
@@ -369,7 +377,7 @@ def main(args: argparse.Namespace) -> int:
         try:
             wait_ready(stages)
             started = time.monotonic()
-            drained = wait_for_drain(_clients(moto.url)[1], plan, stages, args.timeout_s)
+            drained = wait_for_drain(clients(moto.url)[1], plan, stages, args.timeout_s)
             elapsed = time.monotonic() - started
             outcomes = {s.name: s.metrics() for s in stages}
         finally:

@@ -11,10 +11,14 @@ effect; the client cannot know).
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import collections
+import contextlib
 import logging
 import random
+import signal
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -228,3 +232,50 @@ def check_target(target: str) -> str:
     if host not in ("127.0.0.1", "localhost", "::1"):
         raise ValueError(f"the fault proxy only fronts loopback endpoints, not {host!r}")
     return target.rstrip("/")
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "faultproxy",
+        help="a fault-injecting proxy in front of a local S3/SQS endpoint (for chaos tests)",
+        epilog="example:\n  sqsinfer faultproxy --target http://127.0.0.1:5000 --port 5001 "
+        "--s3-5xx 0.1 --s3-conflict 0.02 --sqs-errors 0.02 --latency-ms 20 --drop 0.01",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--target", required=True, help="the endpoint to front (loopback only)")
+    p.add_argument("--port", type=int, default=0, help="port to listen on (0: any free)")
+    p.add_argument("--seed", type=int, default=0)
+    for name in ("s3_5xx", "s3_conflict", "sqs_errors", "latency_ms", "drop"):
+        p.add_argument("--" + name.replace("_", "-"), type=float, default=0.0)
+    p.set_defaults(func=_command)
+
+
+def _command(args: argparse.Namespace) -> int:
+    from app import logs
+
+    logs.configure("INFO", "json")
+    plan = FaultPlan(
+        seed=args.seed,
+        s3_5xx=args.s3_5xx,
+        s3_conflict=args.s3_conflict,
+        sqs_errors=args.sqs_errors,
+        latency_ms=args.latency_ms,
+        drop=args.drop,
+    )
+    try:
+        target = check_target(args.target)
+    except ValueError as exc:
+        print(f"sqsinfer faultproxy: {exc}", file=sys.stderr)
+        return 2
+
+    async def main() -> int:
+        task = asyncio.current_task()
+        assert task is not None
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, task.cancel)
+        with contextlib.suppress(asyncio.CancelledError):
+            await serve(target, plan, args.port)
+        return 0
+
+    return asyncio.run(main())

@@ -135,6 +135,30 @@ def init_process(
     _STATE = _ProcessState(handler, max_decoded_bytes)
 
 
+def start_process(
+    handler_path: str,
+    model_path: str,
+    threads: int,
+    expected_sha256: str,
+    max_decoded_bytes: int,
+) -> dict[str, Any]:
+    """The first call each new process runs: load the model, then one warm-up prediction.
+
+    Run as a task rather than as the executor's initializer so that a model that cannot
+    load comes back as its own exception (pickled as plain text), telling it apart from
+    a process that died while loading (an OOM kill), which is worth another try.
+    """
+    try:
+        init_process(handler_path, model_path, threads, expected_sha256, max_decoded_bytes)
+        return warm_up()
+    except ModelLoadError:
+        raise
+    except Exception as exc:
+        raise ModelLoadError(
+            f"cannot load model {model_path} with {handler_path}: {type(exc).__name__}: {exc}"
+        ) from None
+
+
 def _state() -> _ProcessState:
     if _STATE is None:
         raise RuntimeError("this process was not initialised with init_process")
@@ -180,7 +204,7 @@ def _decode_npy(buf: memoryview, max_bytes: int) -> np.ndarray:
             (2, 0): np.lib.format.read_array_header_2_0,
         }[version]
         shape, fortran, dtype = reader(head, max_header_size=10_000)
-    except (ValueError, KeyError, EOFError, SyntaxError) as exc:
+    except Exception as exc:  # numpy parses the header with ast/tokenize: anything can fly
         raise InputError("undecodable_input", f"not a valid .npy file: {exc}") from None
     if dtype.hasobject:
         raise InputError("undecodable_input", "object arrays are refused (they need pickle)")
@@ -205,7 +229,9 @@ def _rows_to_array(rows: Any, max_bytes: int) -> np.ndarray:
         array = np.asarray(rows, dtype=np.float64)
     except (ValueError, TypeError, OverflowError) as exc:
         raise InputError("undecodable_input", f"rows are not numeric arrays: {exc}") from None
-    return _check_array(array.astype(np.float32, copy=False), max_bytes)
+    with np.errstate(over="ignore"):  # beyond float32's range becomes inf, refused below
+        narrowed = array.astype(np.float32, copy=False)
+    return _check_array(narrowed, max_bytes)
 
 
 def _decode_json(buf: memoryview, max_bytes: int) -> np.ndarray:

@@ -50,7 +50,7 @@ def use_fake_credentials() -> None:
         os.environ.setdefault(key, value)
 
 
-def _wait_until_up(url: str, process: subprocess.Popen[bytes]) -> None:
+def wait_until_up(url: str, process: subprocess.Popen[bytes]) -> None:
     deadline = time.monotonic() + _START_TIMEOUT_S
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -75,7 +75,7 @@ def moto_server(port: int = 0) -> Iterator[MotoServer]:
         env={**os.environ, **FAKE_CREDENTIALS},
     )
     try:
-        _wait_until_up(url, process)
+        wait_until_up(url, process)
         yield MotoServer(url, process)
     finally:
         process.terminate()

@@ -32,10 +32,15 @@ log = logging.getLogger("sqsinfer.pool")
 T = TypeVar("T")
 
 _RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
+_SPAWN_ATTEMPTS = 3
 
 
 class PoolCrashed(Exception):
     """The process running a task died; the task is retried, the slot restarted."""
+
+
+class DeadOnArrival(Exception):
+    """The process was found dead before the task reached it; nothing ran."""
 
 
 @dataclass(frozen=True)
@@ -65,7 +70,9 @@ class InferencePool:
         self.metrics = metrics or Metrics()
         self.context = multiprocessing.get_context("spawn")
         self.slots = [Slot(i) for i in range(config.processes)]
-        self._free: asyncio.Queue[Slot] = asyncio.Queue()
+        # Entries carry the slot's generation: a slot lost and restarted is queued anew,
+        # and the entry from before the loss is recognised as stale and dropped.
+        self._free: asyncio.Queue[tuple[Slot, int]] = asyncio.Queue()
         self._closing = False
         self.startup_s = 0.0
         self.last_error = ""
@@ -87,31 +94,47 @@ class InferencePool:
             raise errors[0]
         self.startup_s = time.perf_counter() - started
         for slot in self.slots:
-            self._free.put_nowait(slot)
+            self._free.put_nowait((slot, slot.generation))
         self._update_ready()
 
     async def _spawn(self, slot: Slot) -> None:
+        """Start a process for the slot; a process that dies while loading gets retries."""
+        for attempt in range(1, _SPAWN_ATTEMPTS + 1):
+            try:
+                executor, info = await self._spawn_once()
+            except BrokenProcessPool:
+                log.warning(
+                    "pool process died while loading",
+                    extra={"slot": slot.index, "attempt": attempt},
+                )
+                continue
+            slot.executor, slot.pid = executor, int(info["pid"])
+            break
+        else:
+            raise inference.ModelLoadError(
+                f"inference process died {_SPAWN_ATTEMPTS} times while loading "
+                f"{self.config.model_path} (out of memory?)"
+            )
+        log.debug("process %d ready pid=%d warmup_s=%.4f", slot.index, slot.pid, info["warmup_s"])
+
+    async def _spawn_once(self) -> tuple[ProcessPoolExecutor, dict[str, Any]]:
         c = self.config
-        executor = ProcessPoolExecutor(
-            max_workers=1,
-            mp_context=self.context,
-            initializer=inference.init_process,
-            initargs=(c.handler, c.model_path, c.threads, c.model_sha256, c.max_decoded_bytes),
-        )
+        executor = ProcessPoolExecutor(max_workers=1, mp_context=self.context)
         loop = asyncio.get_running_loop()
         try:
-            info = await loop.run_in_executor(executor, inference.warm_up)
-        except BrokenProcessPool as exc:
-            executor.shutdown(wait=False, cancel_futures=True)
-            # The initializer's own exception is logged by the child; say what it means.
-            raise inference.ModelLoadError(
-                f"inference process could not start or load the model {c.model_path}"
-            ) from exc
+            info = await loop.run_in_executor(
+                executor,
+                inference.start_process,
+                c.handler,
+                c.model_path,
+                c.threads,
+                c.model_sha256,
+                c.max_decoded_bytes,
+            )
         except BaseException:
             executor.shutdown(wait=False, cancel_futures=True)
             raise
-        slot.executor, slot.pid = executor, int(info["pid"])
-        log.debug("process %d ready pid=%d warmup_s=%.4f", slot.index, slot.pid, info["warmup_s"])
+        return executor, info
 
     def stop_restarting(self) -> None:
         """From now on a lost process is not replaced (the worker is shutting down)."""
@@ -147,24 +170,42 @@ class InferencePool:
         self.metrics.processes_ready.set(self.ready_count)
 
     # -- running tasks --------------------------------------------------------------
+    async def _acquire(self) -> tuple[Slot, int]:
+        """An idle slot whose process is alive, and the generation it was taken at."""
+        while True:
+            slot, generation = await self._free.get()
+            if generation != slot.generation or slot.executor is None:
+                continue  # a stale entry: the slot was lost and comes back by its restart
+            if _alive(slot.pid):
+                return slot, generation
+            self._lost(slot, f"process {slot.index} pid={slot.pid} died while idle")
+
+    def _release(self, slot: Slot, generation: int) -> None:
+        if slot.generation == generation and slot.executor is not None and not self._closing:
+            self._free.put_nowait((slot, generation))
+
     @contextlib.asynccontextmanager
     async def lease(self) -> AsyncIterator[Lease]:
         """Wait for an idle process and hold it for one task."""
-        slot = await self._free.get()
-        generation = slot.generation
+        lease = Lease(self, *await self._acquire())
         try:
-            yield Lease(self, slot)
+            yield lease
         finally:
             # A slot lost during the lease comes back through its restart instead.
-            if slot.generation == generation and slot.executor is not None and not self._closing:
-                self._free.put_nowait(slot)
+            self._release(lease.slot, lease.generation)
 
     async def run(self, slot: Slot, fn: Callable[..., T], *args: Any) -> T:
         executor = slot.executor
-        if executor is None:
-            raise PoolCrashed(f"process {slot.index} is not running")
         loop = asyncio.get_running_loop()
-        future = loop.run_in_executor(executor, fn, *args)
+        try:
+            if executor is None:
+                raise BrokenProcessPool("the process is gone")
+            future = loop.run_in_executor(executor, fn, *args)
+        except (BrokenProcessPool, RuntimeError):
+            # Died while idle (the executor refuses new work): nothing ran.
+            if slot.executor is not None:
+                self._lost(slot, f"process {slot.index} pid={slot.pid} died while idle")
+            raise DeadOnArrival from None
         slot.busy = True
         try:
             return await future
@@ -182,6 +223,14 @@ class InferencePool:
         finally:
             slot.busy = False
 
+    async def watch(self, interval_s: float = 2.0) -> None:
+        """Notice processes that died while idle (an OOM kill picks any) and restart them."""
+        while not self._closing:
+            await asyncio.sleep(interval_s)
+            for slot in self.slots:
+                if not slot.busy and slot.executor is not None and not _alive(slot.pid):
+                    self._lost(slot, f"process {slot.index} pid={slot.pid} died while idle")
+
     def _kill(self, slot: Slot) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(slot.pid, signal.SIGKILL)
@@ -194,7 +243,7 @@ class InferencePool:
         self._update_ready()
         if self._closing:
             return
-        log.warning("pool process lost: %s; restarting it", why)
+        log.warning("pool process lost", extra={"slot": slot.index, "why": why})
         slot.restart_task = asyncio.get_running_loop().create_task(self._restart(slot))
 
     async def _restart(self, slot: Slot) -> None:
@@ -207,22 +256,19 @@ class InferencePool:
                 delay = _RESTART_BACKOFF_S[min(slot.failures, len(_RESTART_BACKOFF_S) - 1)]
                 slot.failures += 1
                 log.error(
-                    "pool process %d restart failed (%s); next try in %.0f s",
-                    slot.index,
-                    exc,
-                    delay,
+                    "pool process restart failed",
+                    extra={"slot": slot.index, "error": str(exc), "retry_in_s": delay},
                 )
                 await asyncio.sleep(delay)
                 continue
             slot.failures = 0
             self.metrics.pool_rebuilds.inc()
             self._update_ready()
-            self._free.put_nowait(slot)
+            self._free.put_nowait((slot, slot.generation))
+            restore_s = round(time.perf_counter() - started, 3)
             log.info(
-                "pool process %d restarted pid=%d in %.3f s",
-                slot.index,
-                slot.pid,
-                time.perf_counter() - started,
+                "pool process restarted",
+                extra={"slot": slot.index, "pid": slot.pid, "restore_s": restore_s},
             )
             return
 
@@ -231,9 +277,25 @@ class InferencePool:
 class Lease:
     pool: InferencePool
     slot: Slot
+    generation: int
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        return await self.pool.run(self.slot, fn, *args)
+        while True:
+            try:
+                return await self.pool.run(self.slot, fn, *args)
+            except DeadOnArrival:
+                # Nothing ran; the dead process is restarting. Take another one.
+                self.slot, self.generation = await self.pool._acquire()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # pragma: no cover - a pid reused by another user's process
+        return False
+    return True
 
 
 def _shutdown_executor(executor: ProcessPoolExecutor) -> None:

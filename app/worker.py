@@ -125,6 +125,7 @@ class Worker:
         found = await Preflight(s, clients, self._exit_requested).run()
         self.last_receive_ok = True  # the queue answered; readiness waits for no first poll
         await self.pool.start()
+        self._background.append(asyncio.create_task(self.pool.watch(), name="pool-watch"))
         log.info(
             "pool ready",
             extra={"processes": s.processes, "startup_s": round(self.pool.startup_s, 3)},

@@ -173,3 +173,14 @@ def outcome_count(worker: Worker, outcome: str) -> int:
 def sample(metrics: Any, name: str, **labels: str) -> float:
     """The current value of one metric sample (0 when it was never set)."""
     return metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Say how many hostile inputs the fuzz tests ran (they count them as they go)."""
+    import sys
+
+    fuzz = sys.modules.get("tests.test_fuzz")
+    cases = getattr(fuzz, "CASES", None)
+    if cases:
+        detail = ", ".join(f"{n} {what}" for what, n in sorted(cases.items()))
+        terminalreporter.write_line(f"hostile-input cases: {sum(cases.values())} ({detail})")

@@ -55,10 +55,10 @@ async def test_redelivery_after_the_link_adds_no_downstream_message(stage: Stage
 async def test_crash_between_commit_and_send_does_not_lose_the_link(stage: Stage, make_settings):
     # A delivery wrote the output and died before sending: output present, no marker.
     uri = _input(stage, "a.npy")
-    stage.s3.put_object(Bucket=stage.bucket, Key="out/crashed.npy", Body=b"written")
-    stage.send({"task_id": "crashed", "input": uri})
-    settings = _scripted(make_settings, stage, chain_settle_s=2)
+    settings = _scripted(make_settings, stage, chain_settle_s=4)
     async with running(settings) as worker:
+        stage.s3.put_object(Bucket=stage.bucket, Key="out/crashed.npy", Body=b"written")
+        stage.send({"task_id": "crashed", "input": uri})
         # First it waits for the (dead) writer to link; after the settle time it links.
         await eventually(lambda: outcome_count(worker, "duplicate") == 1)
     assert worker.metrics.outcomes["retried"] >= 1

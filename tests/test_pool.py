@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 
 import numpy as np
 import pytest
@@ -64,7 +65,10 @@ async def test_a_model_that_fails_to_load_stops_start_up(tmp_path, model_path):
     corrupt = tmp_path / "corrupt.ubj"
     corrupt.write_bytes(b"{not a model")
     pool = InferencePool(_config(str(corrupt)))
-    with pytest.raises(ModelLoadError, match="could not start or load the model"):
+    with pytest.raises(
+        ModelLoadError,
+        match="cannot load model .*corrupt.ubj with app.inference:XGBoostHandler: XGBoostError",
+    ):
         await pool.start()
     failing = InferencePool(_config(model_path, handler="tests.handlers:FailingLoadHandler"))
     with pytest.raises(ModelLoadError):
@@ -135,4 +139,38 @@ async def test_cancelling_a_task_kills_its_process_and_restarts_it(model_path):
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
     finally:
+        await pool.close()
+
+
+async def test_a_process_killed_while_idle_costs_no_task(model_path):
+    pool = InferencePool(_config(model_path, processes=1))
+    await pool.start()
+    try:
+        os.kill(pool.slots[0].pid, signal.SIGKILL)  # the OOM killer may pick an idle one
+        await asyncio.sleep(0.5)
+        rows = synthetic.make_rows(2, 8, seed=1)
+        async with pool.lease() as lease:  # finds it dead, waits for the restart
+            out = await lease.run(
+                inference.predict_bytes, synthetic.encode_input(rows, "npy"), "npy", "npy"
+            )
+        assert synthetic.decode_output(out, "npy").shape == (2, 1)
+        assert sample(pool.metrics, "sqsinfer_pool_rebuilds_total") == 1
+    finally:
+        await pool.close()
+
+
+async def test_the_watch_restarts_a_process_that_died_idle(model_path):
+    pool = InferencePool(_config(model_path, processes=2))
+    await pool.start()
+    watch = asyncio.create_task(pool.watch(interval_s=0.1))
+    try:
+        os.kill(pool.slots[1].pid, signal.SIGKILL)
+        for _ in range(100):
+            if sample(pool.metrics, "sqsinfer_pool_rebuilds_total") == 1 and pool.ready_count == 2:
+                break
+            await asyncio.sleep(0.1)
+        assert sample(pool.metrics, "sqsinfer_pool_rebuilds_total") == 1
+        assert pool.ready_count == 2
+    finally:
+        watch.cancel()
         await pool.close()

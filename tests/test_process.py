@@ -154,7 +154,8 @@ def test_a_model_that_cannot_load_exits_1_with_the_reason(stage: Stage, tmp_path
         check=False,
     )
     assert result.returncode == 1
-    assert "cannot start: inference process could not start or load the model" in result.stderr
+    assert "cannot start: cannot load model " in result.stderr
+    assert "XGBoostError" in result.stderr
 
 
 @pytest.mark.parametrize("which", ["queue", "sha"])
