@@ -33,6 +33,9 @@ T = TypeVar("T")
 
 _RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
 _SPAWN_ATTEMPTS = 3
+# Restarts keep being tried, but after this many failures in a row (about 8 s) the pool
+# is reported unusable on /livez, so the kubelet replaces the pod.
+_UNUSABLE_AFTER = 3
 
 
 class PoolCrashed(Exception):
@@ -164,7 +167,7 @@ class InferencePool:
     @property
     def usable(self) -> bool:
         """False once some process could not be restarted: the pod should be replaced."""
-        return not self._closing and all(s.failures < len(_RESTART_BACKOFF_S) for s in self.slots)
+        return not self._closing and all(s.failures < _UNUSABLE_AFTER for s in self.slots)
 
     def _update_ready(self) -> None:
         self.metrics.processes_ready.set(self.ready_count)

@@ -106,7 +106,10 @@ class Preflight:
         return Dependencies(dlq_url=dlq_url)
 
     async def _queue_exists(self, url: str) -> None:
-        await self.clients.sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])
+        # GetQueueUrl, not GetQueueAttributes: a stage may send to these queues, and that
+        # is all its IAM policy needs to grant on them (with sqs:GetQueueUrl).
+        *_, account, name = url.rstrip("/").split("/")
+        await self.clients.sqs.get_queue_url(QueueName=name, QueueOwnerAWSAccountId=account)
 
     async def _buckets(self) -> None:
         s = self.settings

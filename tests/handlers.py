@@ -47,3 +47,12 @@ def loaded_modules() -> list[str]:
 def start_method_marker() -> bool:
     """Run in a pool process: is the parent's test-only marker module present?"""
     return "tests.parent_only_marker" in sys.modules
+
+
+class LoadsOnceHandler(ScriptedHandler):
+    """Loads until a file named like the model plus `.broken` appears (a model pulled away)."""
+
+    def load(self, model_path: str, threads: int) -> None:
+        if os.path.exists(model_path + ".broken"):
+            raise RuntimeError("the model store is gone")
+        super().load(model_path, threads)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import threading
 
 import aiohttp
@@ -79,9 +81,6 @@ async def test_a_killed_process_costs_one_retry_then_the_task_succeeds(stage: St
     settings = _scripted(make_settings, retry_base_s=1)
     async with running(settings) as worker:
         await eventually(lambda: worker.pool.slots[0].busy)
-        import os
-        import signal
-
         os.kill(worker.pool.slots[0].pid, signal.SIGKILL)  # an OOM kill, as the pool sees it
         await eventually(lambda: outcome_count(worker, "retried") == 1)
         await eventually(lambda: outcome_count(worker, "committed") == 1, timeout_s=30)
@@ -124,8 +123,6 @@ async def test_drain_deadline_releases_work_still_running(stage: Stage, make_set
 
 
 def _alive(pid: int) -> bool:
-    import os
-
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -158,3 +155,25 @@ async def test_health_endpoints_follow_the_lifecycle(stage: Stage, make_settings
         assert f'sqsinfer_phase_seconds_count{{phase="{phase}"}} 1.0' in text
     assert "sqsinfer_processes_ready 1.0" in text
     assert "sqsinfer_in_flight 0.0" in text
+
+
+async def test_livez_fails_when_a_lost_process_cannot_be_restarted(
+    stage: Stage, make_settings, tmp_path
+):
+    model = tmp_path / "model.bin"
+    model.write_bytes(b"any")
+    settings = make_settings(handler="tests.handlers:LoadsOnceHandler", model_path=str(model))
+    async with running(settings) as worker:
+        base = f"http://127.0.0.1:{worker.health.port}"
+        (tmp_path / "model.bin.broken").write_bytes(b"")
+        os.kill(worker.pool.slots[0].pid, signal.SIGKILL)
+        async with aiohttp.ClientSession() as http:
+
+            async def livez() -> tuple[int, str]:
+                async with http.get(base + "/livez") as response:
+                    return response.status, await response.text()
+
+            await eventually(lambda: not worker.pool.usable, timeout_s=30)
+            status, text = await livez()
+    assert status == 503
+    assert text.startswith("inference pool cannot be rebuilt: cannot load model")
