@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -52,6 +53,7 @@ class ChaosConfig:
     visibility_timeout_s: int = 8
     feed_depth: int = 100
     timeout_s: float = 1200.0
+    logs_dir: str = ""  # keep the workers' and the proxy's logs here
 
 
 @dataclass
@@ -519,6 +521,11 @@ def run(config: ChaosConfig) -> Findings:
         )
         findings.figures["faults injected"] = _proxy_counts(proxy_log)
         print_report(findings, chaos.events, elapsed)
+        if config.logs_dir:
+            shutil.copytree(
+                workdir, config.logs_dir, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.ubj")
+            )
+            print(f"logs kept in {config.logs_dir}")
         return findings
 
 
@@ -551,6 +558,7 @@ def add_parser(sub: Any) -> None:
         "timeout_s",
     ):
         p.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(defaults, name))
+    p.add_argument("--logs-dir", default="", help="keep every worker's JSON log here")
     p.set_defaults(func=_command)
 
 

@@ -145,14 +145,16 @@ class Pipeline:
         return await self._finish(held, "committed" if won else "duplicate")
 
     async def _commit(self, held: Held, task: Task, body: bytes) -> bool:
-        """The conditional put. True when this delivery's write is the one that stands."""
-        metadata = self._metadata(held)
-        content_type = _CONTENT_TYPES[task.output_format]
-        if await self.storage.put_if_absent(task.output, body, metadata, content_type):
+        """The conditional put of the output. True when this delivery's write stands."""
+        return await self._put_first(held, task.output, body, _CONTENT_TYPES[task.output_format])
+
+    async def _put_first(self, held: Held, uri: S3Uri, body: bytes, content_type: str) -> bool:
+        """Write unless the object exists. True when the object that stands is ours."""
+        if await self.storage.put_if_absent(uri, body, self._metadata(held), content_type):
             return True
         # A 412 can answer our own write: the SDK retries a put whose answer was lost in
         # a dropped connection. The delivery id in the metadata tells the two apart.
-        existing = await self.storage.head(task.output)
+        existing = await self.storage.head(uri)
         return existing is not None and existing.metadata.get("delivery") == held.delivery_id
 
     async def _infer(self, held: Held, task: Task, shm_name: str, size: int) -> dict[str, Any]:
@@ -199,12 +201,8 @@ class Pipeline:
                     raise ChainPending(self.settings.chain_settle_s - output_age_s)
             sent_id = await self.next_stage.send(next_stage_body(task))
             note = orjson.dumps({"next_message_id": sent_id, "queue": self.next_stage.url})
-            created = await self.storage.put_if_absent(
-                marker, note, self._metadata(held), "application/json"
-            )
-        if (
-            not created
-        ):  # two deliveries sent: only after a crash, or a writer slower than the settle
+            created = await self._put_first(held, marker, note, "application/json")
+        if not created:  # two deliveries sent: after a crash, or a writer slower than the settle
             self.metrics.chain_duplicates.inc()
             log.warning("next stage sent twice", extra=self._ids(held))
 
