@@ -67,7 +67,7 @@ async def test_a_model_that_fails_to_load_stops_start_up(tmp_path, model_path):
     pool = InferencePool(_config(str(corrupt)))
     with pytest.raises(
         ModelLoadError,
-        match="cannot load model .*corrupt.ubj with app.inference:XGBoostHandler: XGBoostError",
+        match=r"cannot load model .*corrupt.ubj with app.inference:XGBoostHandler: XGBoostError",
     ):
         await pool.start()
     failing = InferencePool(_config(model_path, handler="tests.handlers:FailingLoadHandler"))
