@@ -183,11 +183,15 @@ def _pool_children(process: subprocess.Popen[bytes]) -> list[psutil.Process]:
     return [c for c in children if "spawn_main" in " ".join(_cmdline(c))]
 
 
-def _status(process: psutil.Process) -> str:
+def _computing(process: psutil.Process) -> bool:
+    """Seen on a CPU twice a millisecond apart: most likely inside a prediction."""
     try:
-        return str(process.status())
+        if process.status() != psutil.STATUS_RUNNING:
+            return False
+        time.sleep(0.001)
+        return bool(process.status() == psutil.STATUS_RUNNING)
     except psutil.Error:
-        return ""
+        return False
 
 
 def _cmdline(process: psutil.Process) -> list[str]:
@@ -230,12 +234,12 @@ class Chaos:
         deadline = time.monotonic() + 2.0
         while True:
             candidates = [(w, c) for w in self.workers for c in _pool_children(w.process)]
-            busy = [(w, c) for w, c in candidates if _status(c) == psutil.STATUS_RUNNING]
+            busy = [(w, c) for w, c in candidates if _computing(c)]
             if busy or (candidates and time.monotonic() > deadline):
                 worker, child = self.rng.choice(busy or candidates)
                 child.kill()
                 self.events.child_kills += 1
-                state = "mid-task" if busy else "idle"
+                state = "seen computing" if busy else "none seen computing"
                 self.events.note(f"SIGKILL inference process of {worker.name} ({state})")
                 return
             time.sleep(0.005)
@@ -391,12 +395,16 @@ def check_logs(workers: list[demo.StageProcess], work: Workload, f: Findings) ->
     extra = sum(len(ids) - 1 for ids in downstream.values())
     all_lines = stage1 + stage2
     restarts = [line for line in all_lines if line.get("msg") == "pool process restarted"]
+    lost = [line.get("why", "") for line in all_lines if line.get("msg") == "pool process lost"]
     outcomes = Counter(line["outcome"] for line in all_lines if line.get("msg") == "task finished")
     f.figures |= {
         "duplicate deliveries sent": work.duplicates,
         "downstream duplicate messages": extra,
         "next stage sent twice (detected)": sum(
             1 for line in stage1 if line.get("msg") == "next stage sent twice"
+        ),
+        "processes lost (during a task / idle)": (
+            f"{sum('during a task' in w for w in lost)} / {sum('idle' in w for w in lost)}"
         ),
         "pool restarts": len(restarts),
         "tasks retried after a process crash": sum(
@@ -489,7 +497,10 @@ def run(config: ChaosConfig) -> Findings:
         print(f"preparing {config.tasks} tasks on {moto.url} ...", flush=True)
         work, queues = prepare(moto.url, config)
         models = {
-            "stage1": synthetic.train_model(os.path.join(workdir, "m1.ubj"), FEATURES, seed=3),
+            # Big enough that predictions take milliseconds: kills can land inside one.
+            "stage1": synthetic.train_model(
+                os.path.join(workdir, "m1.ubj"), FEATURES, trees=150, depth=6, seed=3
+            ),
             "stage2": synthetic.train_model(os.path.join(workdir, "m2.ubj"), 1, trees=5, seed=4),
         }
         proxy, proxy_url, proxy_log = _start_proxy(moto.url, config, workdir)
