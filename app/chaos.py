@@ -264,11 +264,11 @@ class Chaos:
         """Actions by the fraction of tasks finished at stage 2."""
         plan: list[tuple[float, Any]] = []
         for k in range(self.config.child_kills):
-            plan.append((0.1 + 0.6 * k / max(1, self.config.child_kills), self.kill_a_child))
+            plan.append((0.15 + 0.6 * k / max(1, self.config.child_kills), self.kill_a_child))
         stage1 = [w for w in self.workers if w.name.startswith("stage1")]
         stage2 = [w for w in self.workers if w.name.startswith("stage2")]
-        plan.append((0.3, lambda: self.sigterm_and_restart(stage1[0])))
-        plan.append((0.5, lambda: self.sigkill_and_restart(stage2[-1])))
+        plan.append((0.25, lambda: self.sigterm_and_restart(stage1[0])))
+        plan.append((0.45, lambda: self.sigkill_and_restart(stage2[-1])))
         return sorted(plan, key=lambda item: item[0])
 
 
