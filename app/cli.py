@@ -10,6 +10,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from app import config, logs
+from app.bench import add_parser as add_bench
 from app.ops import add_enqueue, add_plan, add_redrive, add_status
 
 log = logging.getLogger("sqsinfer")
@@ -117,6 +118,7 @@ COMMANDS: list[Callable[[Any], None]] = [
     _add_demo,
     _add_chaos,
     _add_faultproxy,
+    add_bench,
     add_enqueue,
     add_status,
     add_redrive,

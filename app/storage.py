@@ -68,6 +68,11 @@ class _Segments:
             best = min(fitting, key=lambda shm: shm.size)
             self._free.remove(best)
             return best
+        if self._free:
+            # Trade a kept segment for the new one, so that segments in use plus kept never
+            # outnumber the most ever in use at once (the in-flight bound): /dev/shm is
+            # sized for that (processes x prefetch x max input) and must not overflow.
+            _destroy(self._free.pop())
         capacity = -(-max(size, 1) // self._ROUND_BYTES) * self._ROUND_BYTES
         return shared_memory.SharedMemory(create=True, size=capacity)
 
