@@ -20,7 +20,10 @@ log = logging.getLogger("sqsinfer.queue")
 
 SQS_BATCH_MAX = 10
 SQS_MAX_ATTRIBUTES = 10
-_LINGER_S = 0.005
+# How long a delete or visibility change waits for others to share its batch call. A
+# message held a little longer costs nothing (it is invisible anyway); a call saved
+# saves the pod a few milliseconds of CPU in the SDK.
+_LINGER_S = 0.05
 _DETAIL_MAX_CHARS = 1000
 
 REASON_ATTR = "sqsinfer.reason"

@@ -66,6 +66,10 @@ class Worker:
             ),
             self.metrics,
         )
+        # Receive once the held messages are down to one per process, not at every freed
+        # slot: the processes still have work, and a receive then brings several
+        # messages instead of one (each SQS call costs the pod milliseconds of CPU).
+        self._receive_threshold = max(1, settings.in_flight_limit - settings.processes)
         self._wake = asyncio.Event()
         self._exit_requested = asyncio.Event()
         self._background: list[asyncio.Task[Any]] = []
@@ -166,7 +170,7 @@ class Worker:
         while not self.should_exit:
             self.last_progress = time.monotonic()
             capacity = self.settings.in_flight_limit - len(self.held)
-            if capacity <= 0:
+            if capacity < self._receive_threshold:
                 await self._wait_for_wake(_IDLE_TICK_S)
                 continue
             messages = await self._receive(pipeline.queue, capacity)
