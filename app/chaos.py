@@ -407,6 +407,11 @@ def check_logs(workers: list[demo.StageProcess], work: Workload, f: Findings) ->
             f"{sum('during a task' in w for w in lost)} / {sum('idle' in w for w in lost)}"
         ),
         "pool restarts": len(restarts),
+        "capacity restored after a kill (max)": (
+            f"{max(float(line.get('restore_s', 0)) for line in restarts):.2f} s"
+            if restarts
+            else "n/a"
+        ),
         "tasks retried after a process crash": sum(
             1 for line in all_lines if line.get("reason") == "PoolCrashed" and line.get("outcome")
         ),
@@ -419,14 +424,6 @@ def check_logs(workers: list[demo.StageProcess], work: Workload, f: Findings) ->
             )
         ),
     }
-
-
-def _restore_times(workers: list[demo.StageProcess]) -> list[float]:
-    times = []
-    for line in _log_lines(workers, "stage"):
-        if line.get("msg") == "pool process restarted":
-            times.append(float(line.get("restore_s", 0)))
-    return times
 
 
 # -- the command ------------------------------------------------------------------------------
@@ -526,10 +523,6 @@ def run(config: ChaosConfig) -> Findings:
         check_outputs(moto.url, work, models, findings)
         check_queues(moto.url, work, queues, findings)
         check_logs(chaos.workers, work, findings)
-        restores = _restore_times(chaos.workers)
-        findings.figures["capacity restored after a kill (max)"] = (
-            f"{max(restores):.2f} s" if restores else "n/a"
-        )
         findings.figures["faults injected"] = _proxy_counts(proxy_log)
         print_report(findings, chaos.events, elapsed)
         if config.logs_dir:

@@ -14,7 +14,7 @@ import logging
 import os
 import re
 import socket
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -296,15 +296,14 @@ def settings_from_args(
     return Settings.load(environ, overrides, **kw)
 
 
-def describe(s: Settings, names: Sequence[str] | None = None) -> dict[str, Any]:
+def describe(s: Settings) -> dict[str, Any]:
     """Settings as plain values, for the start-up log line."""
     out: dict[str, Any] = {}
     for f in fields(Settings):
-        if names is None or f.name in names:
-            value = getattr(s, f.name)
-            if isinstance(value, tuple):
-                value = [str(v) for v in value]
-            elif isinstance(value, S3Uri):
-                value = str(value)
-            out[f.name] = value
+        value = getattr(s, f.name)
+        if isinstance(value, tuple):
+            value = [str(v) for v in value]
+        elif isinstance(value, S3Uri):
+            value = str(value)
+        out[f.name] = value
     return out
