@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint types pytest bench clean
+.PHONY: demo test test-fast lint types pytest bench clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
@@ -28,6 +28,10 @@ pytest: $(BIN)/.installed
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 test: lint types pytest
+
+# The inner loop: unit tests and the worker against moto, without ops, deploy and lab.
+test-fast: $(BIN)/.installed
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit tests/worker
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -14,18 +14,18 @@ from typing import Any
 import boto3
 import pytest
 
-from app import local, synthetic
-from app.config import Settings
-from app.worker import Worker
+from sqsinfer.config import Settings
+from sqsinfer.lab import standin, synthetic
+from sqsinfer.worker import Worker
 
 N_FEATURES = 8
 MAX_RECEIVE_COUNT = 3
 
 
 @pytest.fixture(scope="session")
-def moto() -> Iterator[local.MotoServer]:
-    local.use_fake_credentials()
-    with local.moto_server() as server:
+def moto() -> Iterator[standin.MotoServer]:
+    standin.use_fake_credentials()
+    with standin.moto_server() as server:
         yield server
 
 
@@ -107,7 +107,7 @@ def _queue_pair(sqs: Any, name: str) -> tuple[str, str]:
 
 
 @pytest.fixture
-def stage(moto: local.MotoServer) -> Stage:
+def stage(moto: standin.MotoServer) -> Stage:
     kw = {"endpoint_url": moto.url, "region_name": "us-east-1"}
     s3, sqs = boto3.client("s3", **kw), boto3.client("sqs", **kw)
     name = "t" + uuid.uuid4().hex[:10]
@@ -179,7 +179,7 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     """Say how many hostile inputs the fuzz tests ran (they count them as they go)."""
     import sys
 
-    fuzz = sys.modules.get("tests.test_fuzz")
+    fuzz = sys.modules.get("tests.unit.test_fuzz")
     cases = getattr(fuzz, "CASES", None)
     if cases:
         detail = ", ".join(f"{n} {what}" for what, n in sorted(cases.items()))

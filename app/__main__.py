@@ -1,7 +1,0 @@
-import sys
-
-from app.cli import main
-
-# Spawned children import this module as __mp_main__: only a real run starts the CLI.
-if __name__ == "__main__":
-    sys.exit(main())

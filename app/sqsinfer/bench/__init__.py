@@ -1,0 +1,74 @@
+"""`sqsinfer bench`: the design measured against the designs it replaces, in one run.
+
+This module only declares the command; the work lives in `sqsinfer.bench.command`, imported
+when the command runs (so `sqsinfer --help` stays fast).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+REGIME_NAMES = ("heavy", "medium", "quick")  # sqsinfer.bench.workload.REGIMES, without numpy
+
+BENCH_EPILOG = """\
+Scenarios (each on its own fresh queues and bucket of a local moto server):
+  compute-only                   decode + predict in N processes: no queue, no S3 (the limit)
+  sqsinfer                       the real worker (python -m sqsinfer worker), N processes
+  http-service                   consumer POSTs each input as JSON to N model-service processes
+  http-service-load-per-request  the same, the service loading the model per request
+  naive                          N processes of sync boto3, one message at a time
+  emulator-ceiling               the worker's SQS/S3 calls with no compute (the stand-in's limit)
+
+examples:
+  sqsinfer bench                       # medium and heavy regimes, a few minutes
+  sqsinfer bench --quick               # a smoke run in under a minute (asserts no speed)
+  sqsinfer bench --regime medium --repeat 3 --plot
+Writes <out-dir>/bench-<regime>.json (and bench.png with --plot; needs matplotlib).
+"""
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "bench",
+        help="measure the worker against compute-only, an HTTP model service and a naive loop",
+        epilog=BENCH_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--regime",
+        action="append",
+        choices=REGIME_NAMES,
+        help="workload regime, repeatable (default: medium and heavy; quick with --quick)",
+    )
+    p.add_argument("--quick", action="store_true", help="smoke run: small tasks, few of them")
+    p.add_argument("--scenarios", default="", help="comma-separated subset (default: all)")
+    p.add_argument("--processes", type=int, default=0, help="processes (default: usable CPUs)")
+    p.add_argument("--threads-per-process", type=int, default=1, help="model threads (1)")
+    p.add_argument("--prefetch", type=int, default=2, help="worker prefetch per process (2)")
+    p.add_argument(
+        "--queue-depth", type=int, default=20, help="messages the feeder keeps waiting (20)"
+    )
+    p.add_argument("--tasks", type=int, default=0, help="tasks measured per scenario")
+    p.add_argument("--warmup", type=int, default=-1, help="tasks finished before measuring")
+    p.add_argument("--max-window-s", type=float, default=0.0, help="longest measurement")
+    p.add_argument("--repeat", type=int, default=1, help="runs per scenario; medians reported")
+    p.add_argument("--seed", type=int, default=0, help="seed of the model and inputs (0)")
+    p.add_argument("--out-dir", default="bench-results", help="where JSON, logs, chart go")
+    p.add_argument("--cache-dir", default="", help="model cache (~/.cache/sqsinfer/bench)")
+    p.add_argument("--plot", action="store_true", help="also write bench.png (matplotlib)")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="sample the worker with py-spy during its window (figures then include py-spy)",
+    )
+    p.add_argument("--log-level", default="WARNING", help="log level of the bench (WARNING)")
+    p.set_defaults(func=cmd_bench)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from sqsinfer import logs
+    from sqsinfer.bench import command
+
+    logs.configure(args.log_level, "console")
+    return command.main(args)

@@ -1,0 +1,188 @@
+"""`sqsinfer bench`: every scenario of every regime, back to back, in one process tree.
+
+One moto server (its own process, loopback) serves the whole run and is reset between
+scenarios. The bench process itself is the producer (the feeder) and the observer; its
+CPU, like moto's, is reported apart from the scenarios'.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import hashlib
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+import orjson
+
+from sqsinfer import config
+from sqsinfer.bench import emulator, handoff, report, runner, workload
+from sqsinfer.lab import standin
+
+_FULL_REGIMES = ["medium", "heavy"]
+_HANDOFF_REPS = {True: 20, False: 300}
+_POOL_REPEATS = {True: 1, False: 3}
+
+
+def _regimes(args: argparse.Namespace) -> list[workload.Regime]:
+    names = args.regime or (["quick"] if args.quick else _FULL_REGIMES)
+    found = []
+    for name in dict.fromkeys(names):
+        regime = workload.REGIMES[name]
+        changes: dict[str, Any] = {}
+        if args.tasks > 0:
+            changes["tasks"] = args.tasks
+        if args.warmup >= 0:
+            changes["warmup_tasks"] = args.warmup
+        if args.max_window_s > 0:
+            changes["max_window_s"] = args.max_window_s
+        found.append(dataclasses.replace(regime, **changes))
+    return found
+
+
+def _scenarios(args: argparse.Namespace) -> list[runner.Scenario]:
+    wanted = [s.strip() for s in args.scenarios.split(",") if s.strip()]
+    unknown = sorted(set(wanted) - set(runner.SCENARIO_NAMES))
+    if unknown:
+        raise SystemExit(
+            f"sqsinfer bench: unknown scenario(s) {', '.join(unknown)}; "
+            f"choose from {', '.join(runner.SCENARIO_NAMES)}"
+        )
+    return [s for s in runner.SCENARIOS if not wanted or s.name in wanted]
+
+
+def _sha256(path: str) -> str:
+    with open(path, "rb") as fh:
+        return hashlib.sha256(fh.read()).hexdigest()
+
+
+def _progress(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def run_regime(
+    args: argparse.Namespace,
+    regime: workload.Regime,
+    moto: standin.MotoServer,
+    shared: dict[str, Any],
+) -> dict[str, Any]:
+    cache_dir = args.cache_dir or os.path.expanduser("~/.cache/sqsinfer/bench")
+    _progress(f"regime {regime.name}: preparing the model and {regime.distinct_inputs} inputs")
+    model = workload.model_path(regime, args.seed, cache_dir)
+    ctx = runner.Context(
+        regime=regime,
+        seed=args.seed,
+        processes=args.processes or config.available_cpus(),
+        threads=args.threads_per_process,
+        prefetch=args.prefetch,
+        queue_depth=args.queue_depth,
+        model_path=model,
+        inputs=workload.input_bytes(regime, args.seed),
+        work_dir=shared["work_dir"],
+        endpoint=moto.url,
+        moto_pid=moto.process.pid,
+        profile=args.profile,
+        cpus=config.available_cpus(),
+    )
+    if "handoff" not in shared:
+        _progress("handoff micro-benchmark (2 MB array)")
+        shared["handoff"] = asyncio.run(handoff.handoff_benchmark(model, _HANDOFF_REPS[args.quick]))
+    _progress(f"pool start-up, {ctx.processes} processes")
+    pool = asyncio.run(handoff.pool_startup(model, ctx.processes, _POOL_REPEATS[args.quick]))
+    runs = _run_scenarios(args, ctx, moto)
+    extras = {
+        "quick": bool(args.quick),
+        "command": ["sqsinfer", *sys.argv[1:]],
+        "machine": report.machine_facts(),
+        "settings": {
+            "processes": ctx.processes,
+            "threads_per_process": ctx.threads,
+            "prefetch": ctx.prefetch,
+            "queue_depth": ctx.queue_depth,
+            "seed": ctx.seed,
+            "repeat": args.repeat,
+            "profiled": bool(args.profile),
+        },
+        "workload": {
+            "model_mb": round(os.path.getsize(model) / 1e6, 2),
+            "model_sha256": _sha256(model),
+            "input_bytes": len(ctx.inputs[0]),
+        },
+        "handoff": shared["handoff"],
+        "pool_startup": pool,
+    }
+    return report.build(regime, runs, extras)
+
+
+def _run_scenarios(
+    args: argparse.Namespace, ctx: runner.Context, moto: standin.MotoServer
+) -> dict[str, list[dict[str, Any]]]:
+    s3, sqs = emulator.clients(moto.url, ctx.region)
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for attempt in range(args.repeat):
+        for scenario in _scenarios(args):
+            moto.reset()
+            suffix = f" (run {attempt + 1}/{args.repeat})" if args.repeat > 1 else ""
+            _progress(f"  {ctx.regime.name} / {scenario.name}{suffix}")
+            started = time.monotonic()
+            try:
+                result = runner.run_scenario(ctx, scenario, s3, sqs)
+            except runner.ScenarioFailed as exc:
+                result = {"label": scenario.label, "error": str(exc)}
+                _progress(f"    FAILED: {exc}")
+            else:
+                _progress(
+                    f"    {result['tasks_per_s']:.2f} tasks/s over {result['tasks']} tasks "
+                    f"({time.monotonic() - started:.0f} s)"
+                )
+            runs.setdefault(scenario.name, []).append(result)
+    return runs
+
+
+def write_json(out_dir: str, found: dict[str, Any]) -> str:
+    path = os.path.join(out_dir, f"bench-{found['regime']}.json")
+    with open(path, "wb") as fh:
+        fh.write(orjson.dumps(found, option=orjson.OPT_INDENT_2))
+    return path
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # unwinds through every scenario's and moto's clean-up
+
+
+def main(args: argparse.Namespace) -> int:
+    standin.use_fake_credentials()
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        return _run(args)
+    except KeyboardInterrupt:
+        print("sqsinfer bench: interrupted; scenarios stopped", file=sys.stderr)
+        return 130
+
+
+def _run(args: argparse.Namespace) -> int:
+    regimes = _regimes(args)
+    _scenarios(args)  # fail on a bad list before anything starts
+    os.makedirs(args.out_dir, exist_ok=True)
+    shared: dict[str, Any] = {"work_dir": os.path.join(args.out_dir, "logs")}
+    os.makedirs(shared["work_dir"], exist_ok=True)
+    reports, failed = [], False
+    with standin.moto_server() as moto:
+        for regime in regimes:
+            found = run_regime(args, regime, moto, shared)
+            path = write_json(args.out_dir, found)
+            print("\n" + report.table(found) + f"\n(written to {path})\n", flush=True)
+            reports.append(found)
+            failed |= any("error" in r for r in found["scenarios"].values())
+    if args.plot:
+        try:
+            chart = report.plot(reports, os.path.join(args.out_dir, "bench.png"))
+            print(f"chart written to {chart}")
+        except ImportError:
+            print("--plot needs matplotlib: pip install 'sqsinfer[plot]'", file=sys.stderr)
+            return 1
+    return 1 if failed else 0

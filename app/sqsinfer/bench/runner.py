@@ -1,0 +1,453 @@
+"""Runs one scenario as its own process tree and measures it from the outside.
+
+    fresh bucket + queues ─▶ launch ─▶ "ready" ─▶ feeder keeps the queue shallow
+        ─▶ warm-up tasks ─▶ window opens (CPU snapshot) ─▶ N tasks or max time
+        ─▶ window closes (CPU snapshot, peak RSS, /metrics) ─▶ SIGTERM
+
+Throughput, latency and phases come from the tasks finished inside the window, CPU
+from the kernel's counters of the scenario's processes between the two snapshots.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import psutil
+
+from sqsinfer.bench import emulator, probe, profile
+from sqsinfer.bench.workload import Regime
+from sqsinfer.lab import standin
+
+log = logging.getLogger("sqsinfer.bench")
+
+_READY_TIMEOUT_S = 300.0
+_STALL_S = 90.0  # no task finished for this long: the scenario is broken
+_STOP_TIMEOUT_S = 60.0
+_POLL_S = 0.02  # the bench's own polling costs about 0.5 % of one core
+PHASES = (
+    "receive",
+    "check",
+    "s3_get",
+    "wait_process",
+    "handoff",
+    "decode",
+    "infer",
+    "encode",
+    "commit",
+    "delete",
+)
+
+
+class ScenarioFailed(Exception):
+    """A scenario did not start or stopped making progress."""
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    label: str
+    uses_queue: bool = True
+
+
+SCENARIOS: tuple[Scenario, ...] = (
+    Scenario(
+        "compute-only",
+        "decode + predict + encode in N spawned processes; no queue, no S3 (the limit)",
+        uses_queue=False,
+    ),
+    Scenario("sqsinfer", "the real worker: `python -m sqsinfer worker`, N processes"),
+    Scenario(
+        "http-service",
+        "async consumer POSTs each input as JSON to N model-service processes (aiohttp)",
+    ),
+    Scenario(
+        "http-service-load-per-request",
+        "the same, with the service loading the model for every request",
+    ),
+    Scenario("naive", "N spawned processes, each: sync boto3, one message at a time, delete each"),
+    Scenario(
+        "emulator-ceiling",
+        "the worker's SQS and S3 calls per task with no compute (the stand-in's limit)",
+    ),
+)
+SCENARIO_NAMES = tuple(s.name for s in SCENARIOS)
+
+
+@dataclass
+class Context:
+    """What every scenario of one regime shares."""
+
+    regime: Regime
+    seed: int
+    processes: int
+    threads: int
+    prefetch: int
+    queue_depth: int
+    model_path: str
+    inputs: list[bytes]
+    work_dir: str
+    endpoint: str = ""
+    moto_pid: int = 0
+    region: str = "us-east-1"
+    max_input_bytes: int = 256 * 2**20
+    profile: bool = False  # sample the worker with py-spy during its window
+    cpus: int = 0  # CPUs the machine gives this run (for the CPU-bound estimate)
+
+    def in_flight(self, name: str) -> int:
+        if name == "naive":
+            return self.processes
+        if name == "emulator-ceiling":
+            return max(emulator.SQS_BATCH, self.processes * self.prefetch)
+        return self.processes * self.prefetch
+
+
+@dataclass
+class Snapshot:
+    at: float
+    done: int
+    tree: dict[int, float]
+    moto_s: float
+    bench_s: float
+    worker: dict[str, float] = field(default_factory=dict)  # the worker's /metrics
+
+
+@dataclass
+class Launched:
+    process: subprocess.Popen[bytes]
+    log_path: str
+    health_port: int = 0
+    tree: probe.TreeProbe = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.tree = probe.TreeProbe(self.process.pid)
+
+
+# -- launching ------------------------------------------------------------------------------
+
+
+def _sqsinfer_env(ctx: Context, res: emulator.Resources, port: int) -> dict[str, str]:
+    return {
+        "SQSINFER_QUEUE_URL": res.queue_url,
+        "SQSINFER_DLQ_URL": res.dlq_url,
+        "SQSINFER_MODEL_PATH": ctx.model_path,
+        "SQSINFER_ALLOWED_INPUT_PREFIXES": f"s3://{res.bucket}/in/",
+        "SQSINFER_OUTPUT_PREFIX": f"s3://{res.bucket}/out/",
+        "SQSINFER_ENDPOINT_URL": ctx.endpoint,
+        "SQSINFER_REGION": ctx.region,
+        "SQSINFER_PROCESSES": str(ctx.processes),
+        "SQSINFER_THREADS_PER_PROCESS": str(ctx.threads),
+        "SQSINFER_PREFETCH": str(ctx.prefetch),
+        "SQSINFER_MAX_INPUT_BYTES": str(ctx.max_input_bytes),
+        "SQSINFER_HEALTH_HOST": "127.0.0.1",
+        "SQSINFER_HEALTH_PORT": str(port),
+        "SQSINFER_LOG_FORMAT": "json",
+        "SQSINFER_LOG_LEVEL": "INFO",
+        "SQSINFER_WORKER_ID": "bench",
+        "SQSINFER_DRAIN_DEADLINE_S": "10",
+    }
+
+
+def _child_config(ctx: Context, name: str, res: emulator.Resources | None) -> dict[str, Any]:
+    return {
+        "processes": ctx.processes,
+        "threads": ctx.threads,
+        "handler": "sqsinfer.inference:XGBoostHandler",
+        "model_path": ctx.model_path,
+        "regime": ctx.regime.describe(),
+        "seed": ctx.seed,
+        "max_decoded_bytes": 256 * 2**20,
+        "max_input_bytes": ctx.max_input_bytes,
+        "endpoint": ctx.endpoint,
+        "region": ctx.region,
+        "queue_url": res.queue_url if res else "",
+        "bucket": res.bucket if res else "",
+        "in_flight": ctx.in_flight(name),
+    }
+
+
+def launch(ctx: Context, name: str, res: emulator.Resources | None) -> Launched:
+    stem = os.path.join(ctx.work_dir, f"{ctx.regime.name}-{name}")
+    log_path = stem + ".log"
+    env = {**os.environ, **standin.FAKE_CREDENTIALS}
+    port = 0
+    if name == "sqsinfer":
+        assert res is not None
+        port = standin.free_port()
+        env |= _sqsinfer_env(ctx, res, port)
+        argv = [sys.executable, "-m", "sqsinfer", "worker"]
+    else:
+        with open(stem + ".json", "wb") as fh:
+            fh.write(orjson.dumps(_child_config(ctx, name, res)))
+        argv = [sys.executable, "-m", "sqsinfer.bench.child", name, stem + ".json"]
+    with open(log_path, "wb") as out:
+        process = subprocess.Popen(
+            argv, env=env, stdout=out, stderr=out, stdin=subprocess.DEVNULL, start_new_session=True
+        )
+    return Launched(process, log_path, port)
+
+
+def stop(launched: Launched) -> None:
+    """SIGTERM the root and wait; kill whatever of its tree is left after that."""
+    family = launched.tree.processes()
+    process = launched.process
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(_STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            log.warning("scenario did not stop in %.0f s; killing it", _STOP_TIMEOUT_S)
+    # The rest (the resource tracker above all) usually exits by itself once the root is
+    # gone, after cleaning up; only what is still there after a grace period is killed.
+    _, alive = psutil.wait_procs([m for m in family if m.pid != process.pid], timeout=5)
+    for member in alive:
+        with contextlib.suppress(psutil.Error):
+            member.kill()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(10)
+
+
+# -- measuring ------------------------------------------------------------------------------
+
+
+class Tracker:
+    """Follows a scenario's log: readiness, finished tasks and the feeder."""
+
+    def __init__(self, launched: Launched, feeder: emulator.Feeder | None) -> None:
+        self.launched = launched
+        self.tail = probe.LogTail(launched.log_path)
+        self.feeder = feeder
+        self.finished: list[dict[str, Any]] = []
+        self.failures = 0
+        self.facts: dict[str, Any] = {}
+        self.last_progress = time.monotonic()
+
+    def poll(self) -> None:
+        for record in self.tail.read():
+            msg = record.get("msg")
+            if msg == "task finished":
+                self.finished.append(record)
+                self.last_progress = time.monotonic()
+            elif msg == "task failed":
+                self.failures += 1
+            elif msg in ("ready", "pool ready"):
+                self.facts[str(msg)] = record
+        if self.feeder is not None and "ready" in self.facts:
+            self.feeder.top_up(len(self.finished))
+        if self.launched.process.poll() is not None:
+            raise ScenarioFailed(
+                f"exited with code {self.launched.process.returncode}:\n{self.tail.tail_text()}"
+            )
+
+    def wait_ready(self) -> float:
+        started = time.monotonic()
+        while "ready" not in self.facts:
+            self.poll()
+            if time.monotonic() - started > _READY_TIMEOUT_S:
+                raise ScenarioFailed(f"not ready after {_READY_TIMEOUT_S:.0f} s")
+            time.sleep(_POLL_S)
+        return time.monotonic() - started
+
+    def snapshot(self, moto_pid: int) -> Snapshot:
+        return Snapshot(
+            at=time.monotonic(),
+            done=len(self.finished),
+            tree=self.launched.tree.cpu(),
+            moto_s=probe.own_cpu_seconds(moto_pid) if moto_pid else 0.0,
+            bench_s=probe.own_cpu_seconds(os.getpid()),
+            worker=self._worker_metrics(),
+        )
+
+    def _worker_metrics(self) -> dict[str, float]:
+        if not self.launched.health_port:
+            return {}
+        try:
+            return scrape_metrics(self.launched.health_port)
+        except (OSError, ValueError):
+            return {}
+
+    def wait_for(self, count: int, until: float) -> None:
+        while len(self.finished) < count and time.monotonic() < until:
+            self.poll()
+            if time.monotonic() - self.last_progress > _STALL_S:
+                raise ScenarioFailed(
+                    f"no task finished for {_STALL_S:.0f} s:\n{self.tail.tail_text()}"
+                )
+            time.sleep(_POLL_S)
+
+
+def measure(ctx: Context, tracker: Tracker, profile_path: str = "") -> tuple[Snapshot, Snapshot]:
+    regime = ctx.regime
+    tracker.last_progress = time.monotonic()
+    tracker.wait_for(regime.warmup_tasks, float("inf"))
+    first = tracker.snapshot(ctx.moto_pid)
+    spy = None
+    if profile_path:
+        spy = profile.start(tracker.launched.process.pid, profile_path, regime.max_window_s)
+        if spy is None:
+            log.warning("--profile: py-spy is not installed (pip install py-spy)")
+    tracker.wait_for(first.done + regime.tasks, first.at + regime.max_window_s)
+    last = tracker.snapshot(ctx.moto_pid)
+    tracker.launched.tree.record_peaks()
+    if spy is not None:
+        profile.stop(spy)
+    return first, last
+
+
+def scrape_metrics(port: int) -> dict[str, float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        return probe.prometheus_samples(response.read().decode())
+
+
+# -- summarising ------------------------------------------------------------------------------
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 3)
+
+
+def phase_means_ms(records: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Mean milliseconds per task in each phase; `other` is what no phase accounts for."""
+    found: dict[str, float | None] = {}
+    for phase in PHASES:
+        values = [r["phases"][phase] for r in records if phase in r.get("phases", {})]
+        found[phase] = _ms(probe.mean(values)) if values else None
+    rest = [
+        r["seconds"] - sum(v for k, v in r.get("phases", {}).items() if k != "receive")
+        for r in records
+    ]
+    found["other"] = _ms(probe.mean(max(0.0, v) for v in rest))
+    return found
+
+
+def summarize(
+    ctx: Context, name: str, tracker: Tracker, first: Snapshot, last: Snapshot
+) -> dict[str, Any]:
+    tasks = last.done - first.done
+    window_s = last.at - first.at
+    records = tracker.finished[first.done : last.done]
+    latencies = [float(r["seconds"]) for r in records]
+    tasks_per_s = tasks / window_s if tasks and window_s > 0 else 0.0
+
+    def per_task(seconds: float) -> float | None:
+        return round(seconds / tasks, 6) if tasks else None
+
+    ready = tracker.facts.get("ready", {})
+    root = tracker.launched.process.pid
+    tree = tracker.launched.tree
+    outcomes: dict[str, int] = {}
+    for r in records:
+        outcomes[r.get("outcome", "?")] = outcomes.get(r.get("outcome", "?"), 0) + 1
+    return {
+        "processes": ctx.processes,
+        "tasks": tasks,
+        "window_s": round(window_s, 3),
+        "tasks_per_s": round(tasks_per_s, 3),
+        "seconds_per_task": round(ctx.processes / tasks_per_s, 6) if tasks_per_s else None,
+        "latency_s": {
+            "p50": _round(probe.percentile(latencies, 0.5)),
+            "p95": _round(probe.percentile(latencies, 0.95)),
+            "mean": _round(probe.mean(latencies)),
+        },
+        "phases_ms": phase_means_ms(records),
+        "cpu_s_per_task": per_task(probe.cpu_delta(first.tree, last.tree)),
+        "cpu_s_per_task_parent": per_task(
+            probe.cpu_delta(_only(first.tree, root), _only(last.tree, root))
+        ),
+        # The parent with its helpers (resource tracker), apart from spawned processes.
+        "cpu_s_per_task_outside_spawned": per_task(
+            probe.cpu_delta(
+                tree.only(first.tree, spawned=False), tree.only(last.tree, spawned=False)
+            )
+        ),
+        "emulator_cpu_s_per_task": per_task(last.moto_s - first.moto_s) if ctx.moto_pid else None,
+        "bench_cpu_s_per_task": per_task(last.bench_s - first.bench_s),
+        "cpu_bound": cpu_bound(ctx, tasks, window_s, first, last),
+        "peak_rss_mb": tracker.launched.tree.peak_rss_mb(),
+        "startup_s": tracker.facts.get("startup_wall_s"),
+        "pool_ready_s": ready.get("startup_s"),
+        "outcomes": outcomes,
+        "failures": tracker.failures,
+    }
+
+
+def cpu_bound(
+    ctx: Context, tasks: int, window_s: float, first: Snapshot, last: Snapshot
+) -> dict[str, float] | None:
+    """What the machine's CPUs allow: all CPU spent per task (scenario, emulator, bench),
+    the tasks/s that would fill every CPU, and how much of the CPUs the window used."""
+    if not tasks or window_s <= 0:
+        return None
+    spent_s = probe.cpu_delta(first.tree, last.tree) + (last.moto_s - first.moto_s)
+    spent_s += last.bench_s - first.bench_s
+    cpus = ctx.cpus or 1
+    return {
+        "cpu_s_per_task_all": round(spent_s / tasks, 6),
+        "tasks_per_s": round(cpus * tasks / spent_s, 3) if spent_s > 0 else 0.0,
+        "cpu_utilization": round(spent_s / (window_s * cpus), 3),
+    }
+
+
+def _only(cpu: dict[int, float], pid: int) -> dict[int, float]:
+    return {pid: cpu[pid]} if pid in cpu else {}
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 6)
+
+
+_RECEIVE_SUM = 'sqsinfer_phase_seconds_sum{phase="receive"}'
+_RECEIVE_COUNT = 'sqsinfer_phase_seconds_count{phase="receive"}'
+
+
+def _sqsinfer_extras(
+    result: dict[str, Any], tracker: Tracker, first: Snapshot, last: Snapshot
+) -> None:
+    """The worker's own figures: its receive calls in the window (from its /metrics)
+    and its pool start-up (from its log)."""
+    result["pool_ready_s"] = tracker.facts.get("pool ready", {}).get("startup_s")
+    calls = last.worker.get(_RECEIVE_COUNT, 0.0) - first.worker.get(_RECEIVE_COUNT, 0.0)
+    spent_s = last.worker.get(_RECEIVE_SUM, 0.0) - first.worker.get(_RECEIVE_SUM, 0.0)
+    if calls > 0:
+        result["phases_ms"]["receive"] = _ms(spent_s / calls)
+        result["receive_calls_per_task"] = round(calls / max(1, last.done - first.done), 3)
+
+
+def run_scenario(ctx: Context, scenario: Scenario, s3: Any, sqs: Any) -> dict[str, Any]:
+    name = scenario.name
+    res = None
+    feeder = None
+    if scenario.uses_queue:
+        res = emulator.create_resources(s3, sqs, ctx.inputs)
+        feeder = emulator.Feeder(sqs, res, name, ctx.queue_depth, ctx.in_flight(name))
+    profile_path = ""
+    if ctx.profile and name == "sqsinfer":
+        profile_path = os.path.join(ctx.work_dir, f"profile-{ctx.regime.name}-{name}.txt")
+    launched = launch(ctx, name, res)
+    try:
+        tracker = Tracker(launched, feeder)
+        tracker.facts["startup_wall_s"] = round(tracker.wait_ready(), 3)
+        first, last = measure(ctx, tracker, profile_path)
+        result = summarize(ctx, name, tracker, first, last)
+        if name == "sqsinfer":
+            _sqsinfer_extras(result, tracker, first, last)
+    finally:
+        stop(launched)
+    if profile_path and os.path.exists(profile_path):
+        found = profile.summarize(profile_path, launched.process.pid)
+        result["profile"] = found | {"file": profile_path}
+    result["label"] = scenario.label
+    result["in_flight"] = ctx.in_flight(name) if scenario.uses_queue else ctx.processes
+    if feeder is not None:
+        result["messages_sent"] = feeder.sent
+    result["log"] = launched.log_path
+    return result

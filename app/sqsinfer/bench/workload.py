@@ -1,0 +1,151 @@
+"""Benchmark workloads: the regimes, and their model and inputs, generated from a seed.
+
+Every scenario of one regime runs on the same model file and the same input bytes.
+Models are cached by their parameters: training is deterministic (one thread), so a
+cached file is the file the same command would have trained.
+
+The heavy model is large by construction: a small model is trained, and its trees are
+repeated until the model has the regime's tree count. Prediction costs the same per
+tree as a model trained to that size (each copy is its own tree in memory), and it
+takes seconds to build instead of many minutes of training.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from sqsinfer.lab import synthetic
+
+TRAIN_ROWS = 5000
+
+
+@dataclass(frozen=True)
+class Regime:
+    name: str
+    description: str
+    rows: int  # rows in each task's input
+    features: int
+    trees: int
+    depth: int
+    distinct_inputs: int  # input files; tasks cycle through them
+    warmup_tasks: int  # completed before the measurement window opens
+    tasks: int  # completed inside the window (unless max_window_s comes first)
+    max_window_s: float
+    trained_trees: int = 0  # trees actually trained; 0: all of them
+
+    def describe(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+REGIMES: dict[str, Regime] = {
+    "heavy": Regime(
+        "heavy",
+        "about 1 s of compute per task: 10,000 rows x 50 features, 3,000 trees of depth 8",
+        rows=10_000,
+        features=50,
+        trees=3000,
+        depth=8,
+        trained_trees=100,
+        distinct_inputs=4,
+        warmup_tasks=4,
+        tasks=30,
+        max_window_s=45.0,
+    ),
+    "medium": Regime(
+        "medium",
+        "about 25 ms of compute per task: 10,000 rows x 50 features, 200 trees of depth 6",
+        rows=10_000,
+        features=50,
+        trees=200,
+        depth=6,
+        distinct_inputs=8,
+        warmup_tasks=40,
+        tasks=500,
+        max_window_s=25.0,
+    ),
+    "quick": Regime(
+        "quick",
+        "smoke run: 2,000 rows x 50 features, 50 trees of depth 6",
+        rows=2000,
+        features=50,
+        trees=50,
+        depth=6,
+        distinct_inputs=4,
+        warmup_tasks=3,
+        tasks=12,
+        max_window_s=5.0,
+    ),
+}
+
+
+def _train(path: str, regime: Regime, trees: int, seed: int) -> None:
+    import xgboost
+
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((TRAIN_ROWS, regime.features)).astype(np.float32)
+    # Noisy labels keep every tree growing to full depth, as a real model's would.
+    y = x @ rng.standard_normal(regime.features) + rng.standard_normal(TRAIN_ROWS)
+    booster = xgboost.train(
+        {"max_depth": regime.depth, "eta": 0.3, "nthread": 1, "seed": seed},
+        xgboost.DMatrix(x, label=y),
+        num_boost_round=trees,
+    )
+    booster.save_model(path)
+
+
+def _repeat_trees(json_path: str, target_trees: int) -> None:
+    """Grow a saved JSON model to `target_trees` trees by repeating the ones it has."""
+    with open(json_path) as fh:
+        doc = json.load(fh)
+    model = doc["learner"]["gradient_booster"]["model"]
+    base = model["trees"]
+    trees = []
+    for i in range(target_trees):
+        tree = dict(base[i % len(base)])
+        tree["id"] = i
+        trees.append(tree)
+    model["trees"] = trees
+    model["tree_info"] = [0] * target_trees
+    if "iteration_indptr" in model:
+        model["iteration_indptr"] = list(range(target_trees + 1))
+    model["gbtree_model_param"]["num_trees"] = str(target_trees)
+    with open(json_path, "w") as fh:
+        json.dump(doc, fh)
+
+
+def model_path(regime: Regime, seed: int, cache_dir: str) -> str:
+    """The regime's model as `.ubj`, built on first use and cached in `cache_dir`."""
+    import xgboost
+
+    name = f"{regime.name}-f{regime.features}-t{regime.trees}-d{regime.depth}-s{seed}.ubj"
+    path = os.path.join(cache_dir, name)
+    if os.path.exists(path):
+        return path
+    os.makedirs(cache_dir, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache_dir) as tmp:
+        trained = os.path.join(tmp, "model.json")
+        _train(trained, regime, regime.trained_trees or regime.trees, seed)
+        if regime.trained_trees and regime.trained_trees < regime.trees:
+            _repeat_trees(trained, regime.trees)
+        booster = xgboost.Booster()
+        booster.load_model(trained)
+        staged = os.path.join(tmp, "model.ubj")
+        booster.save_model(staged)
+        os.replace(staged, path)  # atomic: a concurrent run never sees half a file
+    return path
+
+
+def input_bytes(regime: Regime, seed: int) -> list[bytes]:
+    """The regime's distinct task inputs as `.npy` files (float32), deterministic."""
+    return [
+        synthetic.encode_input(
+            synthetic.make_rows(regime.rows, regime.features, seed=seed * 1000 + i), "npy"
+        )
+        for i in range(regime.distinct_inputs)
+    ]

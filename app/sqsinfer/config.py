@@ -1,0 +1,309 @@
+"""Settings: from `SQSINFER_*` environment variables and matching flags, validated at start.
+
+Every setting is one dataclass field. Its environment name is `SQSINFER_` + the field
+name in upper case and its flag is `--` + the name with dashes, so the Helm chart,
+the README and the command line cannot drift apart: `ENV_NAMES` is the list they use.
+A bad value stops start-up with a `ConfigError` that names the setting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import re
+import socket
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from sqsinfer.messages import S3Uri, parse_prefixes, parse_s3_uri
+
+ENV_PREFIX = "SQSINFER_"
+DEFAULT_HANDLER = "sqsinfer.inference:XGBoostHandler"
+_SQS_MAX_VISIBILITY_S = 43_200
+
+
+class ConfigError(Exception):
+    """A setting is missing or invalid; the message names it by its environment name."""
+
+    def __init__(self, name: str, problem: str) -> None:
+        self.setting = env_name(name)
+        super().__init__(f"{self.setting} (--{name.replace('_', '-')}): {problem}")
+
+
+def env_name(name: str) -> str:
+    return ENV_PREFIX + name.upper()
+
+
+def _opt(default: Any, help: str, parse: Callable[[str], Any] | None = None) -> Any:
+    return field(default=default, metadata={"help": help, "parse": parse})
+
+
+def _prefixes(name: str) -> Callable[[str], tuple[S3Uri, ...]]:
+    return lambda text: parse_prefixes(text, env_name(name))
+
+
+def _uri(name: str) -> Callable[[str], S3Uri | None]:
+    return lambda text: parse_s3_uri(text, env_name(name), prefix=True) if text else None
+
+
+@dataclass(frozen=True)
+class Settings:
+    queue_url: str = _opt("", "SQS queue this stage consumes (required)")
+    dlq_url: str = _opt(
+        "", "dead-letter queue for rejected messages; default: the queue's redrive target"
+    )
+    next_queue_url: str = _opt("", "queue of the next stage; each output is handed on there")
+    model_path: str = _opt("", "model file (.ubj or .json for XGBoost) (required)")
+    model_sha256: str = _opt("", "refuse to start unless the model file has this sha256")
+    handler: str = _opt(DEFAULT_HANDLER, "model handler, as module:Class (load/predict)")
+    allowed_input_prefixes: tuple[S3Uri, ...] = _opt(
+        (), "comma-separated s3:// prefixes inputs may be read from (required)", None
+    )
+    output_prefix: S3Uri | None = _opt(
+        None, "s3:// prefix for outputs of messages without an output (required)", None
+    )
+    allowed_output_prefixes: tuple[S3Uri, ...] = _opt(
+        (), "comma-separated s3:// prefixes outputs may be written under; default: output prefix"
+    )
+    output_format: str = _opt("npy", "format of derived output keys: npy or json")
+    processes: int = _opt(0, "inference processes; 0 = the CPUs this container may use", int)
+    threads_per_process: int = _opt(1, "threads each process gives the model", int)
+    prefetch: int = _opt(2, "in-flight messages per process (download while computing)", int)
+    visibility_timeout_s: int = _opt(
+        60, "visibility a received message gets, renewed by the heartbeat", int
+    )
+    heartbeat_s: float = _opt(20.0, "how often in-flight messages are extended", float)
+    wait_time_s: int = _opt(20, "long-poll wait of each receive (0-20)", int)
+    drain_deadline_s: float = _opt(
+        25.0, "on SIGTERM, how long in-flight tasks may finish (below the pod's grace)", float
+    )
+    max_task_time_s: float = _opt(900.0, "a task running longer is abandoned and retried", float)
+    chain_settle_s: float = _opt(
+        30.0,
+        "a delivery that finds another's fresh output waits this long for its chain link",
+        float,
+    )
+    max_message_bytes: int = _opt(262_144, "largest message body accepted", int)
+    max_input_bytes: int = _opt(64 * 2**20, "largest input object read from S3", int)
+    max_decoded_bytes: int = _opt(256 * 2**20, "largest decoded input array", int)
+    retry_base_s: float = _opt(5.0, "visibility delay of a first transient failure", float)
+    retry_max_s: float = _opt(900.0, "longest visibility delay of a retried message", float)
+    endpoint_url: str = _opt("", "AWS endpoint (a local stand-in such as a moto server)")
+    region: str = _opt("us-east-1", "AWS region")
+    health_host: str = _opt("0.0.0.0", "address of the health and metrics server")
+    health_port: int = _opt(8080, "port of /livez /readyz /metrics; 0 picks a free one", int)
+    stall_s: float = _opt(
+        120.0, "/livez fails when the worker made no progress for this long", float
+    )
+    log_level: str = _opt("INFO", "DEBUG, INFO, WARNING or ERROR")
+    log_format: str = _opt("auto", "json, console, or auto (console on a terminal)")
+    worker_id: str = _opt("", "name in output metadata and logs; default: the host name")
+
+    # -- derived values -------------------------------------------------------------
+    @property
+    def output_suffix(self) -> str:
+        return "." + self.output_format
+
+    @property
+    def in_flight_limit(self) -> int:
+        return self.processes * self.prefetch
+
+    # -- construction ---------------------------------------------------------------
+    @classmethod
+    def load(
+        cls,
+        environ: Mapping[str, str] | None = None,
+        overrides: Mapping[str, Any] | None = None,
+        *,
+        require_queue: bool = True,
+    ) -> Settings:
+        """Settings from the environment, then flags (`overrides`), then validated."""
+        environ = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            raw = environ.get(env_name(f.name))
+            if overrides is not None and overrides.get(f.name) is not None:
+                raw = overrides[f.name]
+            if raw is not None:
+                values[f.name] = _convert(f, raw)
+        return cls(**values).validated(require_queue=require_queue)
+
+    def replace(self, **changes: Any) -> Settings:
+        return dataclasses.replace(self, **changes).validated()
+
+    def validated(self, *, require_queue: bool = True) -> Settings:
+        """Fill defaults that depend on the machine and check every rule."""
+        s = self
+        if s.processes == 0:
+            s = dataclasses.replace(s, processes=available_cpus())
+        if not s.allowed_output_prefixes and s.output_prefix is not None:
+            s = dataclasses.replace(s, allowed_output_prefixes=(s.output_prefix,))
+        if not s.worker_id:
+            s = dataclasses.replace(s, worker_id=socket.gethostname())
+        for check in _CHECKS:
+            check(s, require_queue)
+        return s
+
+
+def _convert(f: dataclasses.Field[Any], raw: Any) -> Any:
+    if not isinstance(raw, str):
+        return raw
+    parse = f.metadata.get("parse")
+    if f.name.startswith("allowed_"):
+        parse = _prefixes(f.name)
+    elif f.name == "output_prefix":
+        parse = _uri(f.name)
+    if parse is None:
+        return raw.strip()
+    try:
+        return parse(raw.strip())
+    except ValueError as exc:
+        raise ConfigError(f.name, f"invalid value {raw!r}: {exc}") from None
+
+
+def _require(ok: bool, name: str, problem: str) -> None:
+    if not ok:
+        raise ConfigError(name, problem)
+
+
+def _check_required(s: Settings, require_queue: bool) -> None:
+    if require_queue:
+        _require(bool(s.queue_url), "queue_url", "is required")
+    _require(bool(s.model_path), "model_path", "is required")
+    _require(os.path.isfile(s.model_path), "model_path", f"no such file: {s.model_path}")
+    _require(bool(s.allowed_input_prefixes), "allowed_input_prefixes", "list at least one")
+    _require(s.output_prefix is not None, "output_prefix", "is required")
+    for name in ("queue_url", "dlq_url", "next_queue_url", "endpoint_url"):
+        value = getattr(s, name)
+        _require(
+            not value or value.startswith(("http://", "https://")),
+            name,
+            f"must be an http(s) URL, got {value!r}",
+        )
+
+
+def _check_outputs(s: Settings, _: bool) -> None:
+    _require(s.output_format in ("npy", "json"), "output_format", "must be npy or json")
+    if s.output_prefix is not None:
+        _require(
+            any(s.output_prefix.within(p) for p in s.allowed_output_prefixes),
+            "allowed_output_prefixes",
+            f"must include the output prefix {s.output_prefix}",
+        )
+    _require(
+        not s.model_sha256 or re.fullmatch(r"[0-9a-f]{64}", s.model_sha256) is not None,
+        "model_sha256",
+        "must be 64 lower-case hex digits",
+    )
+    _require(
+        re.fullmatch(r"[A-Za-z_][\w.]*[:.][A-Za-z_]\w*", s.handler) is not None,
+        "handler",
+        "must be a dotted path such as package.module:Class",
+    )
+
+
+def _check_numbers(s: Settings, _: bool) -> None:
+    _require(s.processes >= 1, "processes", "must be at least 1")
+    _require(s.threads_per_process >= 1, "threads_per_process", "must be at least 1")
+    _require(s.prefetch >= 1, "prefetch", "must be at least 1")
+    _require(
+        1 <= s.visibility_timeout_s <= _SQS_MAX_VISIBILITY_S,
+        "visibility_timeout_s",
+        f"must be 1-{_SQS_MAX_VISIBILITY_S}",
+    )
+    _require(
+        0 < s.heartbeat_s < s.visibility_timeout_s,
+        "heartbeat_s",
+        f"must be above 0 and shorter than the visibility timeout ({s.visibility_timeout_s} s)",
+    )
+    _require(0 <= s.wait_time_s <= 20, "wait_time_s", "must be 0-20")
+    _require(s.drain_deadline_s > 0, "drain_deadline_s", "must be above 0")
+    _require(s.max_task_time_s > 0, "max_task_time_s", "must be above 0")
+    _require(s.chain_settle_s > 0, "chain_settle_s", "must be above 0")
+    _require(0 < s.retry_base_s <= s.retry_max_s, "retry_base_s", "must be in (0, retry_max_s]")
+    _require(
+        s.retry_max_s <= _SQS_MAX_VISIBILITY_S, "retry_max_s", f"at most {_SQS_MAX_VISIBILITY_S}"
+    )
+    for name in ("max_message_bytes", "max_input_bytes", "max_decoded_bytes"):
+        _require(getattr(s, name) > 0, name, "must be above 0")
+    _require(0 <= s.health_port <= 65535, "health_port", "must be 0-65535")
+    _require(s.stall_s > s.wait_time_s, "stall_s", "must be longer than the receive wait")
+
+
+def _check_logging(s: Settings, _: bool) -> None:
+    _require(
+        logging.getLevelName(s.log_level.upper()) in (10, 20, 30, 40),
+        "log_level",
+        "must be DEBUG, INFO, WARNING or ERROR",
+    )
+    _require(s.log_format in ("auto", "json", "console"), "log_format", "json, console or auto")
+    _require(bool(s.region), "region", "is required")
+
+
+_CHECKS = (_check_required, _check_outputs, _check_numbers, _check_logging)
+
+ENV_NAMES: tuple[str, ...] = tuple(env_name(f.name) for f in fields(Settings))
+
+
+def available_cpus() -> int:
+    """CPUs this process may really use: affinity and the cgroup quota, not the host count."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cpus = os.cpu_count() or 1
+    quota = _cgroup_cpu_quota()
+    if quota is not None:
+        cpus = min(cpus, max(1, int(quota + 0.5)))  # 1.5 CPUs of quota: 2 processes
+    return max(1, cpus)
+
+
+def _cgroup_cpu_quota() -> float | None:
+    try:  # cgroup v2
+        with open("/sys/fs/cgroup/cpu.max") as fh:
+            quota, period = fh.read().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:  # cgroup v1
+        with open("/sys/fs/cgroup/cpu/cpu.cfs_quota_us") as fh:
+            q = int(fh.read())
+        with open("/sys/fs/cgroup/cpu/cpu.cfs_period_us") as fh:
+            p = int(fh.read())
+        return None if q <= 0 else q / p
+    except (OSError, ValueError):
+        return None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per setting; unset flags fall back to the environment, then the default."""
+    for f in fields(Settings):
+        parser.add_argument(
+            "--" + f.name.replace("_", "-"),
+            dest=f.name,
+            default=None,
+            metavar=f.name.upper(),
+            help=f"{f.metadata['help']} [{env_name(f.name)}]",
+        )
+
+
+def settings_from_args(
+    args: argparse.Namespace, environ: Mapping[str, str] | None = None, **kw: Any
+) -> Settings:
+    overrides = {f.name: getattr(args, f.name, None) for f in fields(Settings)}
+    return Settings.load(environ, overrides, **kw)
+
+
+def describe(s: Settings) -> dict[str, Any]:
+    """Settings as plain values, for the start-up log line."""
+    out: dict[str, Any] = {}
+    for f in fields(Settings):
+        value = getattr(s, f.name)
+        if isinstance(value, tuple):
+            value = [str(v) for v in value]
+        elif isinstance(value, S3Uri):
+            value = str(value)
+        out[f.name] = value
+    return out

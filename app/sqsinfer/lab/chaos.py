@@ -1,0 +1,572 @@
+"""`sqsinfer chaos`: a two-stage chain run under fire, then checked from S3 and the queues.
+
+At once: duplicate deliveries, inference processes SIGKILLed mid-task, a worker SIGTERMed
+and restarted, another SIGKILLed (no drain at all) and restarted, S3 5xx and 409s, SQS
+errors, latency and dropped connections from the fault proxy, and poison messages of
+several kinds. Then, from S3 and the queues alone: every valid task has exactly one
+correct output per stage, no object was ever overwritten (bucket versioning), no chain
+link is missing, the queues are empty with nothing in flight, and the dead-letter queue
+holds exactly the poison messages, each with its reason. Exit status 1 on any loss.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import psutil
+
+from sqsinfer.lab import demo, standin, synthetic
+
+BUCKET = "sqsinfer-chaos"
+FEATURES = 6
+_POLL_S = 0.5
+
+
+@dataclass
+class ChaosConfig:
+    tasks: int = 2000
+    workers_per_stage: int = 2
+    seed: int = 1
+    rows: int = 2000  # a few ms of compute: enough for a kill to land mid-task
+    s3_5xx: float = 0.10
+    s3_conflict: float = 0.02
+    sqs_errors: float = 0.02
+    latency_ms: float = 20.0
+    drop: float = 0.01
+    poison_rate: float = 0.01
+    duplicate_rate: float = 0.05
+    child_kills: int = 3
+    visibility_timeout_s: int = 8
+    feed_depth: int = 100
+    timeout_s: float = 1200.0
+    logs_dir: str = ""  # keep the workers' and the proxy's logs here
+
+
+@dataclass
+class Workload:
+    valid: dict[str, np.ndarray] = field(default_factory=dict)
+    poison: dict[str, str] = field(default_factory=dict)  # body → expected reason
+    bodies: list[str] = field(default_factory=list)  # in feeding order
+    duplicates: int = 0
+
+
+# -- preparing the workload ---------------------------------------------------------------
+
+
+def _poison(s3: Any, i: int) -> tuple[str, str]:
+    """The i-th poison message and the reason it must be rejected with."""
+    task_id, uri = f"poison-{i}", f"s3://{BUCKET}/in/poison-{i}"
+    kind = i % 6
+    if kind == 0:
+        return f'{{"task_id": "{task_id}", "input": ', "malformed_json"
+    if kind == 1:
+        return json.dumps({"input": uri + ".npy", "n": i}), "missing_field"
+    if kind == 2:
+        return json.dumps({"task_id": task_id, "input": f"s3://{BUCKET}/secret/{i}.npy"}), (
+            "input_not_allowed"
+        )
+    data, name, reason = {
+        3: (b"\x93NUMPY\x01\x00broken", ".npy", "undecodable_input"),
+        4: (
+            synthetic.encode_input(np.ones((2, FEATURES + 3), np.float32), "npy"),
+            ".npy",
+            "wrong_feature_count",
+        ),
+        5: (b"a,b\n1,text\n", ".csv", "undecodable_input"),
+    }[kind]
+    s3.put_object(Bucket=BUCKET, Key=f"in/{task_id}{name}", Body=data)
+    return json.dumps({"task_id": task_id, "input": uri + name}), reason
+
+
+def prepare(endpoint: str, config: ChaosConfig) -> tuple[Workload, dict[str, str]]:
+    s3, sqs = demo.clients(endpoint)
+    s3.create_bucket(Bucket=BUCKET)
+    s3.put_bucket_versioning(Bucket=BUCKET, VersioningConfiguration={"Status": "Enabled"})
+    queues = demo.create_queues(sqs, "chaos", max_receive_count=10)
+    rng = random.Random(config.seed)
+    work = Workload()
+    for i in range(config.tasks):
+        task_id = f"task-{i:05d}"
+        work.valid[task_id] = synthetic.make_rows(
+            config.rows, FEATURES, seed=config.seed * 100_000 + i
+        )
+        s3.put_object(
+            Bucket=BUCKET,
+            Key=f"in/{task_id}.npy",
+            Body=synthetic.encode_input(work.valid[task_id], "npy"),
+        )
+        body = json.dumps({"task_id": task_id, "input": f"s3://{BUCKET}/in/{task_id}.npy"})
+        work.bodies.append(body)
+        if rng.random() < config.duplicate_rate:  # sent twice, side by side: taken at once
+            work.bodies.append(body)
+            work.duplicates += 1
+        if rng.random() < config.poison_rate:
+            poison, reason = _poison(s3, len(work.poison))
+            work.poison[poison] = reason
+            work.bodies.append(poison)
+    return work, queues
+
+
+class Feeder(threading.Thread):
+    """Keeps the first queue shallow (moto's SQS slows as a queue deepens)."""
+
+    def __init__(self, endpoint: str, url: str, bodies: list[str], depth: int) -> None:
+        super().__init__(daemon=True)
+        self.sqs = demo.clients(endpoint)[1]
+        self.url, self.bodies, self.depth = url, bodies, depth
+        self.sent = 0
+
+    def run(self) -> None:
+        while self.sent < len(self.bodies):
+            if demo.queue_depth(self.sqs, self.url) >= self.depth:
+                time.sleep(0.2)
+                continue
+            batch = self.bodies[self.sent : self.sent + 10]
+            entries = [{"Id": str(i), "MessageBody": b} for i, b in enumerate(batch)]
+            response = self.sqs.send_message_batch(QueueUrl=self.url, Entries=entries)
+            if response.get("Failed"):
+                raise RuntimeError(f"feeding failed: {response['Failed']}")
+            self.sent += len(batch)
+
+
+# -- the cluster under test -----------------------------------------------------------------
+
+
+def _worker_env(
+    name: str, queues: dict[str, str], endpoint: str, models: dict[str, str], config: ChaosConfig
+) -> dict[str, str]:
+    stage = name.split("-", maxsplit=1)[0]
+    env = {
+        "SQSINFER_ENDPOINT_URL": endpoint,
+        "SQSINFER_PROCESSES": "1",
+        "SQSINFER_WAIT_TIME_S": "1",
+        "SQSINFER_VISIBILITY_TIMEOUT_S": str(config.visibility_timeout_s),
+        "SQSINFER_HEARTBEAT_S": str(max(1, config.visibility_timeout_s // 3)),
+        "SQSINFER_RETRY_BASE_S": "1",
+        "SQSINFER_RETRY_MAX_S": "8",
+        "SQSINFER_CHAIN_SETTLE_S": "4",
+        "SQSINFER_DRAIN_DEADLINE_S": "5",
+        "SQSINFER_QUEUE_URL": queues[stage],
+        "SQSINFER_MODEL_PATH": models[stage],
+    }
+    if stage == "stage1":
+        return env | {
+            "SQSINFER_NEXT_QUEUE_URL": queues["stage2"],
+            "SQSINFER_ALLOWED_INPUT_PREFIXES": f"s3://{BUCKET}/in/",
+            "SQSINFER_OUTPUT_PREFIX": f"s3://{BUCKET}/stage1/",
+        }
+    return env | {
+        "SQSINFER_ALLOWED_INPUT_PREFIXES": f"s3://{BUCKET}/stage1/",
+        "SQSINFER_OUTPUT_PREFIX": f"s3://{BUCKET}/stage2/",
+    }
+
+
+def _pool_children(process: subprocess.Popen[bytes]) -> list[psutil.Process]:
+    try:
+        children = psutil.Process(process.pid).children()
+    except psutil.NoSuchProcess:
+        return []
+    return [c for c in children if "spawn_main" in " ".join(_cmdline(c))]
+
+
+def _computing(process: psutil.Process) -> bool:
+    """Seen on a CPU twice a millisecond apart: most likely inside a prediction."""
+    try:
+        if process.status() != psutil.STATUS_RUNNING:
+            return False
+        time.sleep(0.001)
+        return bool(process.status() == psutil.STATUS_RUNNING)
+    except psutil.Error:
+        return False
+
+
+def _cmdline(process: psutil.Process) -> list[str]:
+    try:
+        return [str(part) for part in process.cmdline()]
+    except psutil.Error:
+        return []
+
+
+@dataclass
+class Events:
+    """What chaos did, for the report."""
+
+    child_kills: int = 0
+    sigterm_exit: int | None = None
+    sigkills: int = 0
+    log: list[str] = field(default_factory=list)
+
+    def note(self, text: str) -> None:
+        self.log.append(f"{time.strftime('%H:%M:%S')} {text}")
+
+
+class Chaos:
+    def __init__(self, config: ChaosConfig, workdir: str) -> None:
+        self.config = config
+        self.workdir = workdir
+        self.events = Events()
+        self.rng = random.Random(config.seed)
+        self.workers: list[demo.StageProcess] = []
+
+    def start_workers(self, queues: dict[str, str], endpoint: str, models: dict[str, str]) -> None:
+        for stage in ("stage1", "stage2"):
+            for n in range(self.config.workers_per_stage):
+                name = f"{stage}-{'abcdefgh'[n]}"
+                env = _worker_env(name, queues, endpoint, models, self.config)
+                self.workers.append(demo.start_stage(name, env, self.workdir))
+
+    def kill_a_child(self) -> None:
+        """SIGKILL an inference process, one caught computing if possible (up to 2 s)."""
+        deadline = time.monotonic() + 2.0
+        while True:
+            candidates = [(w, c) for w in self.workers for c in _pool_children(w.process)]
+            busy = [(w, c) for w, c in candidates if _computing(c)]
+            if busy or (candidates and time.monotonic() > deadline):
+                worker, child = self.rng.choice(busy or candidates)
+                child.kill()
+                self.events.child_kills += 1
+                state = "seen computing" if busy else "none seen computing"
+                self.events.note(f"SIGKILL inference process of {worker.name} ({state})")
+                return
+            time.sleep(0.005)
+
+    def sigterm_and_restart(self, worker: demo.StageProcess) -> None:
+        worker.process.send_signal(signal.SIGTERM)
+        self.events.sigterm_exit = worker.process.wait(timeout=60)
+        self.events.note(f"SIGTERM {worker.name}: exit {self.events.sigterm_exit}; restarted")
+        worker.restart()
+
+    def sigkill_and_restart(self, worker: demo.StageProcess) -> None:
+        # A pod killed outright: the worker and its processes, no drain, no release.
+        for child in _pool_children(worker.process):
+            child.kill()
+        worker.process.kill()
+        worker.process.wait()
+        self.events.sigkills += 1
+        self.events.note(f"SIGKILL {worker.name} (no drain); restarted")
+        worker.restart()
+
+    def schedule(self) -> list[tuple[float, Any]]:
+        """Actions by the fraction of tasks finished at stage 2."""
+        plan: list[tuple[float, Any]] = []
+        for k in range(self.config.child_kills):
+            plan.append((0.15 + 0.6 * k / max(1, self.config.child_kills), self.kill_a_child))
+        stage1 = [w for w in self.workers if w.name.startswith("stage1")]
+        stage2 = [w for w in self.workers if w.name.startswith("stage2")]
+        plan.append((0.25, lambda: self.sigterm_and_restart(stage1[0])))
+        plan.append((0.45, lambda: self.sigkill_and_restart(stage2[-1])))
+        return sorted(plan, key=lambda item: item[0])
+
+
+def _count_outputs(s3: Any, prefix: str) -> int:
+    count = 0
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix):
+        count += sum(1 for item in page.get("Contents", []) if item["Key"].endswith(".npy"))
+    return count
+
+
+def run_until_drained(
+    chaos: Chaos, feeder: Feeder, endpoint: str, queues: dict[str, str], tasks: int
+) -> bool:
+    s3, sqs = demo.clients(endpoint)
+    pending = chaos.schedule()
+    deadline = time.monotonic() + chaos.config.timeout_s
+    while time.monotonic() < deadline:
+        done = _count_outputs(s3, "stage2/")
+        while pending and done >= pending[0][0] * tasks:
+            pending.pop(0)[1]()
+        if (
+            done >= tasks
+            and not feeder.is_alive()
+            and not pending
+            and all(demo.queue_depth(sqs, queues[q]) == 0 for q in ("stage1", "stage2"))
+        ):
+            return True
+        for worker in chaos.workers:
+            if worker.process.poll() is not None:
+                with open(worker.log_path) as fh:
+                    tail = "".join(fh.readlines()[-20:])
+                raise RuntimeError(f"{worker.name} exited unexpectedly:\n{tail}")
+        time.sleep(_POLL_S)
+    return False
+
+
+# -- checking -------------------------------------------------------------------------------
+
+
+@dataclass
+class Findings:
+    figures: dict[str, Any] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+    def expect(self, ok: bool, problem: str) -> None:
+        if not ok:
+            self.problems.append(problem)
+
+
+def _versions(s3: Any) -> Counter[str]:
+    counts: Counter[str] = Counter()
+    for page in s3.get_paginator("list_object_versions").paginate(Bucket=BUCKET, Prefix="stage"):
+        for version in page.get("Versions", []):
+            counts[version["Key"]] += 1
+    return counts
+
+
+def _log_lines(workers: list[demo.StageProcess], stage: str) -> list[dict[str, Any]]:
+    lines = []
+    for worker in workers:
+        if worker.name.startswith(stage):
+            with open(worker.log_path) as fh:
+                lines += [json.loads(line) for line in fh if line.startswith("{")]
+    return lines
+
+
+def _deliveries(lines: list[dict[str, Any]]) -> dict[str, set[str]]:
+    """Task id → the distinct message ids that reached an outcome for it."""
+    found: dict[str, set[str]] = defaultdict(set)
+    for line in lines:
+        if line.get("msg") == "task finished" and line.get("task_id"):
+            found[line["task_id"]].add(line["message_id"])
+    return found
+
+
+def check_outputs(endpoint: str, work: Workload, models: dict[str, str], f: Findings) -> None:
+    s3, _ = demo.clients(endpoint)
+    model1, model2 = demo.predictor(models["stage1"]), demo.predictor(models["stage2"])
+    expected1 = {f"stage1/{t}.npy": model1.predict(rows) for t, rows in work.valid.items()}
+    stage1 = demo.read_objects(s3, "stage1/", BUCKET)
+    problems, decoded = demo.check_stage(stage1, expected1, "npy")
+    expected2 = {
+        k.replace("stage1/", "stage2/"): model2.predict(v.reshape(-1, 1))
+        for k, v in decoded.items()
+    }
+    more, decoded2 = demo.check_stage(demo.read_objects(s3, "stage2/", BUCKET), expected2, "npy")
+    f.problems += problems + more
+    markers = {k for k in stage1 if k.endswith(".chain")}
+    missing_links = [k for k in expected1 if k + ".chain" not in markers]
+    f.expect(
+        not missing_links, f"{len(missing_links)} chain links missing, e.g. {missing_links[:3]}"
+    )
+    overwritten = {k: n for k, n in _versions(s3).items() if n > 1}
+    f.expect(not overwritten, f"objects written more than once: {list(overwritten)[:5]}")
+    f.figures |= {
+        "stage1 outputs": len(decoded),
+        "stage2 outputs": len(decoded2),
+        "chain links": len(markers),
+        "objects overwritten": len(overwritten),
+    }
+
+
+def check_queues(endpoint: str, work: Workload, queues: dict[str, str], f: Findings) -> None:
+    _, sqs = demo.clients(endpoint)
+    residue = {q: demo.queue_depth(sqs, queues[q]) for q in ("stage1", "stage2")}
+    f.expect(not any(residue.values()), f"messages left on the queues: {residue}")
+    dead = demo.dead_letters(sqs, queues["stage1-dlq"])
+    wrong = {b: r for b, r in dead.items() if work.poison.get(b) != r}
+    lost = [b for b in work.poison if b not in dead]
+    f.expect(not wrong, f"unexpected DLQ messages or reasons: {list(wrong.items())[:3]}")
+    f.expect(not lost, f"poison messages missing from the DLQ: {lost[:3]}")
+    stray = demo.dead_letters(sqs, queues["stage2-dlq"])
+    f.expect(not stray, f"stage 2 DLQ holds {len(stray)} messages")
+    f.figures |= {
+        "left on queues": sum(residue.values()),
+        "DLQ (poison sent / found)": f"{len(work.poison)} / {len(dead)}",
+        "DLQ reasons": dict(Counter(dead.values())),
+    }
+
+
+def check_logs(workers: list[demo.StageProcess], work: Workload, f: Findings) -> None:
+    stage1, stage2 = _log_lines(workers, "stage1"), _log_lines(workers, "stage2")
+    downstream = _deliveries(stage2)
+    extra = sum(len(ids) - 1 for ids in downstream.values())
+    all_lines = stage1 + stage2
+    restarts = [line for line in all_lines if line.get("msg") == "pool process restarted"]
+    lost = [line.get("why", "") for line in all_lines if line.get("msg") == "pool process lost"]
+    outcomes = Counter(line["outcome"] for line in all_lines if line.get("msg") == "task finished")
+    f.figures |= {
+        "duplicate deliveries sent": work.duplicates,
+        "downstream duplicate messages": extra,
+        "next stage sent twice (detected)": sum(
+            1 for line in stage1 if line.get("msg") == "next stage sent twice"
+        ),
+        "processes lost (during a task / idle)": (
+            f"{sum('during a task' in w for w in lost)} / {sum('idle' in w for w in lost)}"
+        ),
+        "pool restarts": len(restarts),
+        "capacity restored after a kill (max)": (
+            f"{max(float(line.get('restore_s', 0)) for line in restarts):.2f} s"
+            if restarts
+            else "n/a"
+        ),
+        "tasks retried after a process crash": sum(
+            1 for line in all_lines if line.get("reason") == "PoolCrashed" and line.get("outcome")
+        ),
+        "outcomes (both stages)": dict(outcomes),
+        "retry reasons": dict(
+            Counter(
+                line.get("reason", "?")
+                for line in all_lines
+                if line.get("msg") == "task finished" and line.get("outcome") == "retried"
+            )
+        ),
+    }
+
+
+# -- the command ------------------------------------------------------------------------------
+
+
+def _start_proxy(
+    target: str, config: ChaosConfig, workdir: str
+) -> tuple[subprocess.Popen[bytes], str, str]:
+    port = standin.free_port()
+    args = [
+        sys.executable,
+        "-m",
+        "sqsinfer",
+        "faultproxy",
+        "--target",
+        target,
+        "--port",
+        str(port),
+        "--seed",
+        str(config.seed),
+        "--s3-5xx",
+        str(config.s3_5xx),
+        "--s3-conflict",
+        str(config.s3_conflict),
+        "--sqs-errors",
+        str(config.sqs_errors),
+        "--latency-ms",
+        str(config.latency_ms),
+        "--drop",
+        str(config.drop),
+    ]
+    log_path = os.path.join(workdir, "proxy.log")
+    with open(log_path, "ab") as log_file:
+        process = subprocess.Popen(args, stdout=log_file, stderr=log_file)
+    url = f"http://127.0.0.1:{port}"
+    standin.wait_until_up(url, process)
+    return process, url, log_path
+
+
+def _proxy_counts(log_path: str) -> dict[str, int]:
+    with open(log_path) as fh:
+        for line in fh:
+            if line.startswith("{") and "injected" in line:
+                return dict(json.loads(line)["injected"])
+    return {}
+
+
+def print_report(findings: Findings, events: Events, elapsed_s: float) -> None:
+    print("\nchaos run")
+    for text in events.log:
+        print("  " + text)
+    print()
+    width = max(len(k) for k in findings.figures) + 2
+    for key, value in findings.figures.items():
+        print(f"  {key:<{width}}{value}")
+    print(f"  {'elapsed':<{width}}{elapsed_s:.1f} s")
+    if findings.problems:
+        print("\nLOSS OR CORRUPTION FOUND:")
+        for problem in findings.problems:
+            print("  - " + problem)
+    else:
+        print("\nno work lost, none done twice where it counts, nothing overwritten")
+
+
+def run(config: ChaosConfig) -> Findings:
+    standin.use_fake_credentials()
+    with tempfile.TemporaryDirectory() as workdir, standin.moto_server() as moto:
+        print(f"preparing {config.tasks} tasks on {moto.url} ...", flush=True)
+        work, queues = prepare(moto.url, config)
+        models = {
+            # Big enough that predictions take milliseconds: kills can land inside one.
+            "stage1": synthetic.train_model(
+                os.path.join(workdir, "m1.ubj"), FEATURES, trees=150, depth=6, seed=3
+            ),
+            "stage2": synthetic.train_model(os.path.join(workdir, "m2.ubj"), 1, trees=5, seed=4),
+        }
+        proxy, proxy_url, proxy_log = _start_proxy(moto.url, config, workdir)
+        chaos = Chaos(config, workdir)
+        started = time.monotonic()
+        try:
+            chaos.start_workers(queues, proxy_url, models)
+            demo.wait_ready(chaos.workers)
+            feeder = Feeder(moto.url, queues["stage1"], work.bodies, config.feed_depth)
+            feeder.start()
+            drained = run_until_drained(chaos, feeder, moto.url, queues, len(work.valid))
+            elapsed = time.monotonic() - started
+        finally:
+            codes = demo.stop_stages(chaos.workers)
+            proxy.send_signal(signal.SIGTERM)
+            proxy.wait(timeout=30)
+        findings = Findings(
+            figures={"valid tasks": len(work.valid), "worker processes": len(chaos.workers)}
+        )
+        findings.expect(drained, f"queues did not drain within {config.timeout_s} s")
+        findings.expect(not any(codes), f"workers exited with {codes} at the end")
+        findings.expect(events_ok(chaos.events, config), "not all chaos events happened")
+        check_outputs(moto.url, work, models, findings)
+        check_queues(moto.url, work, queues, findings)
+        check_logs(chaos.workers, work, findings)
+        findings.figures["faults injected"] = _proxy_counts(proxy_log)
+        print_report(findings, chaos.events, elapsed)
+        if config.logs_dir:
+            shutil.copytree(
+                workdir, config.logs_dir, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.ubj")
+            )
+            print(f"logs kept in {config.logs_dir}")
+        return findings
+
+
+def events_ok(events: Events, config: ChaosConfig) -> bool:
+    return (
+        events.child_kills >= config.child_kills
+        and events.sigterm_exit == 0
+        and events.sigkills == 1
+    )
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "chaos",
+        help="run a two-stage chain under faults and kills, then check that nothing was lost",
+        epilog="example:\n  sqsinfer chaos --tasks 2000\n  sqsinfer chaos --tasks 100 --s3-5xx 0.2",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    defaults = ChaosConfig()
+    for name in ("tasks", "workers_per_stage", "seed", "rows", "child_kills", "feed_depth"):
+        p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name))
+    for name in (
+        "s3_5xx",
+        "s3_conflict",
+        "sqs_errors",
+        "latency_ms",
+        "drop",
+        "poison_rate",
+        "duplicate_rate",
+        "timeout_s",
+    ):
+        p.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(defaults, name))
+    p.add_argument("--logs-dir", default="", help="keep every worker's JSON log here")
+    p.set_defaults(func=_command)
+
+
+def _command(args: argparse.Namespace) -> int:
+    names = ChaosConfig.__dataclass_fields__
+    config = ChaosConfig(**{k: v for k, v in vars(args).items() if k in names})
+    return 1 if run(config).problems else 0

@@ -1,0 +1,281 @@
+"""A fault-injecting reverse proxy for S3 and SQS endpoints (loopback only).
+
+moto never throttles, never answers 409 `ConditionalRequestConflict` and never drops a
+connection; real AWS does all three. Put this proxy in front of the moto server and
+point the worker's endpoint setting at it, exactly as it would point at AWS. Per
+operation and at seeded random rates it answers S3 503 `SlowDown` / 500, S3 409 on
+conditional puts, SQS 500 / throttling, adds latency, and closes connections after
+the real answer came back but before the client read all of it (the request took
+effect; the client cannot know).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import logging
+import random
+import signal
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+from aiohttp import web
+
+log = logging.getLogger("sqsinfer.faults")
+
+# Hop-by-hop and recomputed headers are not passed through.
+_SKIP_HEADERS = frozenset({"transfer-encoding", "connection", "content-length", "keep-alive"})
+DROP_DEFAULT_OPERATIONS = frozenset(
+    {"GetObject", "PutObject", "ReceiveMessage", "DeleteMessageBatch"}
+)
+
+
+@dataclass
+class FaultPlan:
+    """Rates are probabilities per request (0 to 1)."""
+
+    seed: int = 0
+    s3_5xx: float = 0.0
+    s3_conflict: float = 0.0
+    sqs_errors: float = 0.0
+    latency_ms: float = 0.0  # up to this much added, uniformly
+    drop: float = 0.0
+    drop_operations: frozenset[str] = DROP_DEFAULT_OPERATIONS
+    spare_operations: frozenset[str] = frozenset()  # never faulted (e.g. set-up calls)
+    refuse_credentials: bool = False  # answer everything as AWS does to a bad key
+
+
+@dataclass(frozen=True)
+class Operation:
+    service: str  # "s3" or "sqs"
+    name: str
+    conditional: bool = False
+
+
+def classify(method: str, path: str, query: str, headers: Any) -> Operation:
+    target = headers.get("X-Amz-Target", "")
+    if target.startswith("AmazonSQS."):
+        return Operation("sqs", target.split(".", 1)[1])
+    if "Action=" in query or (method == "POST" and path.count("/") == 2 and "sqs" in target):
+        return Operation("sqs", "Query")
+    has_key = path.strip("/").count("/") >= 1
+    conditional = "If-None-Match" in headers or "If-Match" in headers
+    names = {
+        ("GET", True): "GetObject",
+        ("HEAD", True): "HeadObject",
+        ("PUT", True): "PutObject",
+        ("DELETE", True): "DeleteObject",
+        ("GET", False): "ListObjects",
+        ("HEAD", False): "HeadBucket",
+        ("PUT", False): "CreateBucket",
+    }
+    return Operation("s3", names.get((method, has_key), method), conditional)
+
+
+def _s3_error(status: int, code: str, message: str) -> web.Response:
+    body = (
+        '<?xml version="1.0" encoding="UTF-8"?>'
+        f"<Error><Code>{code}</Code><Message>{message}</Message>"
+        "<RequestId>injected</RequestId></Error>"
+    )
+    return web.Response(status=status, text=body, content_type="application/xml")
+
+
+def _sqs_error(status: int, code: str, message: str) -> web.Response:
+    return web.json_response(
+        {"__type": f"com.amazonaws.sqs#{code}", "message": message},
+        status=status,
+        content_type="application/x-amz-json-1.0",
+        headers={"x-amzn-query-error": f"{code};{'Sender' if status < 500 else 'Receiver'}"},
+    )
+
+
+@dataclass
+class FaultProxy:
+    target: str
+    plan: FaultPlan = field(default_factory=FaultPlan)
+    host: str = "127.0.0.1"
+    port: int = 0
+    counts: collections.Counter[str] = field(default_factory=collections.Counter)
+
+    def __post_init__(self) -> None:
+        self._rng = random.Random(self.plan.seed)
+        self._runner: web.AppRunner | None = None
+        self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    async def start(self) -> None:
+        self._session = aiohttp.ClientSession(
+            auto_decompress=False, connector=aiohttp.TCPConnector(limit=64)
+        )
+        app = web.Application(client_max_size=1 << 30)
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        await site.start()
+        sockets = getattr(site._server, "sockets", None)
+        if sockets:
+            self.port = int(sockets[0].getsockname()[1])
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _chance(self, rate: float) -> bool:
+        return rate > 0 and self._rng.random() < rate
+
+    def _injected(self, op: Operation) -> web.Response | None:
+        """An error answered instead of forwarding, or None."""
+        p = self.plan
+        if p.refuse_credentials:
+            if op.service == "sqs":
+                return _sqs_error(
+                    403, "UnrecognizedClientException", "The security token is invalid."
+                )
+            return _s3_error(403, "InvalidAccessKeyId", "The AWS Access Key Id does not exist.")
+        if op.name in p.spare_operations:
+            return None
+        if op.service == "s3" and op.conditional and self._chance(p.s3_conflict):
+            return self._count(
+                op,
+                "409",
+                _s3_error(
+                    409,
+                    "ConditionalRequestConflict",
+                    "A conflicting operation occurred. You can retry the request.",
+                ),
+            )
+        if op.service == "s3" and self._chance(p.s3_5xx):
+            if self._rng.random() < 0.5:
+                return self._count(
+                    op, "503", _s3_error(503, "SlowDown", "Reduce your request rate.")
+                )
+            return self._count(op, "500", _s3_error(500, "InternalError", "Injected error."))
+        if op.service == "sqs" and self._chance(p.sqs_errors):
+            if self._rng.random() < 0.5:
+                return self._count(
+                    op, "throttled", _sqs_error(400, "RequestThrottled", "Rate exceeded")
+                )
+            return self._count(op, "500", _sqs_error(500, "InternalError", "Injected error."))
+        return None
+
+    def _count(self, op: Operation, kind: str, response: web.Response) -> web.Response:
+        self.counts[f"{op.service}:{kind}"] += 1
+        return response
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        op = classify(request.method, request.path, request.query_string, request.headers)
+        if self.plan.latency_ms > 0 and op.name not in self.plan.spare_operations:
+            await asyncio.sleep(self._rng.uniform(0, self.plan.latency_ms) / 1000)
+        injected = self._injected(op)
+        if injected is not None:
+            return injected
+        drop = op.name in self.plan.drop_operations and self._chance(self.plan.drop)
+        status, headers, body = await self._forward(request)
+        if drop:
+            self.counts[f"{op.service}:dropped"] += 1
+            return await self._drop(request, status, headers, body)
+        return web.Response(status=status, headers=headers, body=body)
+
+    async def _forward(self, request: web.Request) -> tuple[int, dict[str, str], bytes]:
+        assert self._session is not None
+        url = self.target + request.path_qs
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in _SKIP_HEADERS}
+        body = await request.read()
+        async with self._session.request(
+            request.method, url, headers=headers, data=body, allow_redirects=False
+        ) as upstream:
+            payload = await upstream.read()
+            kept = {k: v for k, v in upstream.headers.items() if k.lower() not in _SKIP_HEADERS}
+            return upstream.status, kept, payload
+
+    async def _drop(
+        self, request: web.Request, status: int, headers: dict[str, str], body: bytes
+    ) -> web.StreamResponse:
+        """Start the real answer, then close the connection before it is complete."""
+        response = web.StreamResponse(status=status, headers=headers)
+        response.content_length = max(len(body), 1) + 1  # promise more than will come
+        await response.prepare(request)
+        await response.write(body[: len(body) // 2])
+        if request.transport is not None:
+            request.transport.close()
+        return response
+
+
+async def serve(target: str, plan: FaultPlan, port: int) -> None:
+    """Run a proxy until cancelled (the `sqsinfer faultproxy` command)."""
+    proxy = FaultProxy(target, plan, port=port)
+    await proxy.start()
+    print(f"fault proxy on {proxy.url} -> {target}", flush=True)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        log.info("fault proxy stopping", extra={"injected": dict(proxy.counts)})
+        await proxy.stop()
+
+
+def check_target(target: str) -> str:
+    host = urlsplit(target).hostname or ""
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        raise ValueError(f"the fault proxy only fronts loopback endpoints, not {host!r}")
+    return target.rstrip("/")
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "faultproxy",
+        help="a fault-injecting proxy in front of a local S3/SQS endpoint (for chaos tests)",
+        epilog="example:\n  sqsinfer faultproxy --target http://127.0.0.1:5000 --port 5001 "
+        "--s3-5xx 0.1 --s3-conflict 0.02 --sqs-errors 0.02 --latency-ms 20 --drop 0.01",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--target", required=True, help="the endpoint to front (loopback only)")
+    p.add_argument("--port", type=int, default=0, help="port to listen on (0: any free)")
+    p.add_argument("--seed", type=int, default=0)
+    for name in ("s3_5xx", "s3_conflict", "sqs_errors", "latency_ms", "drop"):
+        p.add_argument("--" + name.replace("_", "-"), type=float, default=0.0)
+    p.set_defaults(func=_command)
+
+
+def _command(args: argparse.Namespace) -> int:
+    from sqsinfer import logs
+
+    logs.configure("INFO", "json")
+    plan = FaultPlan(
+        seed=args.seed,
+        s3_5xx=args.s3_5xx,
+        s3_conflict=args.s3_conflict,
+        sqs_errors=args.sqs_errors,
+        latency_ms=args.latency_ms,
+        drop=args.drop,
+    )
+    try:
+        target = check_target(args.target)
+    except ValueError as exc:
+        print(f"sqsinfer faultproxy: {exc}", file=sys.stderr)
+        return 2
+
+    async def main() -> int:
+        task = asyncio.current_task()
+        assert task is not None
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, task.cancel)
+        with contextlib.suppress(asyncio.CancelledError):
+            await serve(target, plan, args.port)
+        return 0
+
+    return asyncio.run(main())

@@ -1,0 +1,120 @@
+"""What the operator commands share: AWS flags, environment defaults, numbers for people.
+
+Every flag that mirrors a worker setting falls back to the same `SQSINFER_*` variable
+(`config.env_name`), so a shell set up for a stage needs no repeated flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import decimal
+import math
+import os
+import sys
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from sqsinfer import config, logs
+
+# The exit codes of sqsinfer.cli, plus the partial outcome of enqueue.
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_PARTIAL = 0, 1, 2, 3
+EXIT_INTERRUPTED = 130
+
+_SUFFIXES = {"k": 10**3, "m": 10**6, "g": 10**9}
+
+
+def env_default(name: str, default: str = "") -> str:
+    """The worker's environment variable for setting `name`, else `default`."""
+    return os.environ.get(config.env_name(name), default)
+
+
+def add_aws_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--endpoint-url",
+        default=env_default("endpoint_url"),
+        help="AWS endpoint, e.g. a moto server [SQSINFER_ENDPOINT_URL]",
+    )
+    parser.add_argument(
+        "--region",
+        default=env_default("region", "us-east-1"),
+        help="AWS region (us-east-1) [SQSINFER_REGION]",
+    )
+
+
+def add_log_level(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--log-level", default="WARNING", help="log level on stderr (WARNING)")
+
+
+def formatter() -> type[argparse.RawDescriptionHelpFormatter]:
+    return argparse.RawDescriptionHelpFormatter
+
+
+def run_command(main: Callable[[], Coroutine[Any, Any, int]], name: str, log_level: str) -> int:
+    """Run an async command the way the worker runs; Ctrl-C ends it with 130."""
+    from sqsinfer.cli import run_async
+
+    logs.configure(log_level, "console")
+    try:
+        return run_async(main())
+    except KeyboardInterrupt:
+        print(f"sqsinfer {name}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def usage_error(name: str, problem: str) -> int:
+    print(f"sqsinfer {name}: {problem}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def parse_count(text: str) -> int:
+    """A count as people write it: 15800000, 15_800_000, 15.8M, 250k."""
+    raw = text.strip().replace("_", "").replace(",", "").lower()
+    scale = _SUFFIXES.get(raw[-1:], 1)
+    number = raw[:-1] if raw[-1:] in _SUFFIXES else raw
+    try:
+        value = decimal.Decimal(number) * scale  # exact: 15.8M is 15,800,000, not 15,799,999
+    except decimal.InvalidOperation:
+        raise argparse.ArgumentTypeError(f"not a count: {text!r}, e.g. 15800000 or 15.8M") from None
+    if not value.is_finite() or value < 0 or value != value.to_integral_value():
+        raise argparse.ArgumentTypeError(f"not a whole, non-negative count: {text!r}")
+    return int(value)
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0 or not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
+    return value
+
+
+def queue_name(url: str) -> str:
+    return url.rstrip("/").rsplit("/", 1)[-1]
+
+
+def format_duration(seconds: float | None) -> str:
+    """3d 04:05:06 · 04:05:06 · 05:06 · '-' for unknown."""
+    if seconds is None or not math.isfinite(seconds):
+        return "-"
+    total = round(seconds)
+    days, rest = divmod(total, 86_400)
+    hours, rest = divmod(rest, 3_600)
+    minutes, secs = divmod(rest, 60)
+    clock = (
+        f"{hours:02d}:{minutes:02d}:{secs:02d}" if hours or days else f"{minutes:02d}:{secs:02d}"
+    )
+    return f"{days}d {clock}" if days else clock
+
+
+def format_count(value: float) -> str:
+    return f"{math.ceil(value):,}" if value >= 100 else f"{value:,.4g}"
+
+
+def format_money(value: float) -> str:
+    return f"${value:,.2f}" if value >= 0.01 or value == 0 else f"${value:.4f}"

@@ -1,0 +1,285 @@
+"""What happens to one message, from parse to delete, and the one outcome it ends in.
+
+    parse ─bad─▶ DLQ + delete (rejected)
+    HEAD output ─exists─▶ chain link, delete (duplicate)
+    GET input → shared memory → wait for a process → decode, predict, encode (child)
+    conditional PUT ─412─▶ chain link, delete (duplicate)
+                    ─200─▶ chain link, delete (committed)
+    transient failure ─▶ visibility backoff (retried) · shutdown ─▶ visibility 0 (released)
+
+The worker module owns the lifecycle; this module owns the steps and their outcomes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import random
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from sqsinfer import inference
+from sqsinfer.config import Settings
+from sqsinfer.inference import InputError
+from sqsinfer.messages import (
+    MessageRejected,
+    MessageRules,
+    S3Uri,
+    Task,
+    next_stage_body,
+    parse_task,
+)
+from sqsinfer.metrics import Metrics
+from sqsinfer.pool import InferencePool
+from sqsinfer.queue import Message, Sender, SqsQueue, dead_letter_attributes
+from sqsinfer.storage import Storage, error_code
+
+log = logging.getLogger("sqsinfer.task")
+
+CHAIN_MARKER_SUFFIX = ".chain"
+_CONTENT_TYPES = {"npy": "application/x-npy", "json": "application/json"}
+# Phases after which shutdown lets a task finish instead of releasing its message.
+STARTED_PHASES = frozenset({"infer", "commit", "done"})
+
+
+class ChainPending(Exception):
+    """Another delivery wrote the output moments ago and has not linked it yet."""
+
+    def __init__(self, wait_s: float) -> None:
+        super().__init__(f"chain link pending for {wait_s:.1f} s")
+        self.wait_s = wait_s
+
+
+@dataclass(eq=False)
+class Held:
+    """A message this worker holds, and how far its task has come."""
+
+    message: Message
+    phase: str = "received"
+    task: Task | None = None
+    expired: bool = False
+    outcome: str | None = None
+    reason: str = ""
+    timings: dict[str, float] = field(default_factory=dict)
+    delivery_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+    @property
+    def started(self) -> bool:
+        return self.phase in STARTED_PHASES
+
+
+class Timer:
+    """Measures one phase into the held task's timings and the phase histogram."""
+
+    def __init__(self, held: Held, metrics: Metrics, phase: str) -> None:
+        self.held, self.metrics, self.phase = held, metrics, phase
+
+    def __enter__(self) -> None:
+        self.started = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        self.record(time.perf_counter() - self.started)
+
+    def record(self, seconds: float) -> None:
+        self.held.timings[self.phase] = round(seconds, 6)
+        self.metrics.observe(self.phase, seconds)
+
+
+def chain_marker(output: S3Uri) -> S3Uri:
+    """The small object that says "the next stage has been sent this output"."""
+    return S3Uri(output.bucket, output.key + CHAIN_MARKER_SUFFIX)
+
+
+@dataclass
+class Pipeline:
+    settings: Settings
+    rules: MessageRules
+    storage: Storage
+    queue: SqsQueue
+    dead_letters: Sender
+    next_stage: Sender | None
+    pool: InferencePool
+    metrics: Metrics
+    model_sha256: str
+
+    # -- the whole life of one message ------------------------------------------------
+    async def handle(self, held: Held) -> str:
+        """Run the task and settle the message. Never raises, except a second cancel."""
+        try:
+            outcome = await self._process(held)
+        except asyncio.CancelledError:
+            outcome = held.outcome or ("retried" if held.expired else "released")
+            # The message must still be handed back even though this task was cancelled.
+            await asyncio.shield(self._settle_cancelled(held, outcome))
+        self._record(held, outcome)
+        return outcome
+
+    async def _process(self, held: Held) -> str:
+        try:
+            try:
+                held.task = parse_task(held.message.body, self.rules)
+                return await self._run(held, held.task)
+            except (MessageRejected, InputError) as exc:
+                return await self._reject(held, exc.reason, exc.detail)
+        except ChainPending as pending:
+            held.reason = "chain_pending"
+            return await self._retry(held, pending.wait_s)
+        except Exception as exc:  # transient by default: the redrive policy bounds retries
+            held.reason = error_code(exc) or type(exc).__name__
+            log.warning("task failed, will retry: %s", exc, extra=self._ids(held))
+            return await self._retry(held)
+
+    async def _run(self, held: Held, task: Task) -> str:
+        held.phase = "check"
+        existing = await self.storage.head(task.output)
+        if existing is not None:
+            await self._chain(held, task, won=False, output_age_s=existing.age_s)
+            return await self._finish(held, "duplicate")
+        held.phase = "fetch"
+        with Timer(held, self.metrics, "s3_get"):
+            shared = await self.storage.get_shared(task.input, self.settings.max_input_bytes)
+        with shared:
+            result = await self._infer(held, task, shared.name, shared.size)
+        held.phase = "commit"
+        with Timer(held, self.metrics, "commit"):
+            won = await self._commit(held, task, result["body"])
+        await self._chain(held, task, won=won)  # a 412 means the other writer is alive just now
+        return await self._finish(held, "committed" if won else "duplicate")
+
+    async def _commit(self, held: Held, task: Task, body: bytes) -> bool:
+        """The conditional put of the output. True when this delivery's write stands."""
+        return await self._put_first(held, task.output, body, _CONTENT_TYPES[task.output_format])
+
+    async def _put_first(self, held: Held, uri: S3Uri, body: bytes, content_type: str) -> bool:
+        """Write unless the object exists. True when the object that stands is ours."""
+        if await self.storage.put_if_absent(uri, body, self._metadata(held), content_type):
+            return True
+        # A 412 can answer our own write: the SDK retries a put whose answer was lost in
+        # a dropped connection. The delivery id in the metadata tells the two apart.
+        existing = await self.storage.head(uri)
+        return existing is not None and existing.metadata.get("delivery") == held.delivery_id
+
+    async def _infer(self, held: Held, task: Task, shm_name: str, size: int) -> dict[str, Any]:
+        held.phase = "wait"
+        waited = time.perf_counter()
+        async with self.pool.lease() as lease:
+            Timer(held, self.metrics, "wait_process").record(time.perf_counter() - waited)
+            held.phase = "infer"
+            began = time.perf_counter()
+            result = await lease.run(
+                inference.run_task, shm_name, size, task.input_format, task.output_format
+            )
+        total = time.perf_counter() - began
+        for phase in ("decode", "infer"):
+            Timer(held, self.metrics, phase).record(result[f"{phase}_s"])
+        # What the child did not account for is the cost of handing work over and back.
+        spent = result["decode_s"] + result["infer_s"] + result["encode_s"]
+        Timer(held, self.metrics, "handoff").record(max(0.0, total - spent))
+        self.metrics.rows.inc(result["rows"])
+        return result
+
+    # -- chaining ---------------------------------------------------------------------
+    async def _chain(self, held: Held, task: Task, *, won: bool, output_age_s: float = 0) -> None:
+        """Hand the output to the next stage: never lost, and sent once in effect.
+
+        The delivery that wrote the output sends the next message, then writes the
+        marker `<output>.chain`. Another delivery that finds the output sends nothing
+        while the marker is present. When the marker is absent it cannot tell a
+        writer still sending from one that crashed after its write, so it waits:
+        while the output is younger than `chain_settle_s` the message is retried
+        later; once older, the writer is presumed dead and this delivery sends. A
+        crash between the write and the send therefore delays the link, never loses
+        it, and a live duplicate never adds a downstream message.
+        """
+        if self.next_stage is None:
+            return
+        held.phase = "commit"
+        marker = chain_marker(task.output)
+        with Timer(held, self.metrics, "chain"):
+            if not won:
+                if await self.storage.head(marker) is not None:
+                    return
+                if output_age_s < self.settings.chain_settle_s:
+                    raise ChainPending(self.settings.chain_settle_s - output_age_s)
+            sent_id = await self.next_stage.send(next_stage_body(task))
+            note = orjson.dumps({"next_message_id": sent_id, "queue": self.next_stage.url})
+            created = await self._put_first(held, marker, note, "application/json")
+        if not created:  # two deliveries sent: after a crash, or a writer slower than the settle
+            self.metrics.chain_duplicates.inc()
+            log.warning("next stage sent twice", extra=self._ids(held))
+
+    # -- outcomes ---------------------------------------------------------------------
+    async def _finish(self, held: Held, outcome: str) -> str:
+        held.outcome = outcome
+        held.phase = "done"
+        deleted = await asyncio.shield(self.queue.delete(held.message))
+        if not deleted:  # it will come back, find its output and end as a duplicate
+            log.warning("delete not confirmed", extra=self._ids(held))
+        return outcome
+
+    async def _reject(self, held: Held, reason: str, detail: str) -> str:
+        held.reason = reason
+        attributes = dead_letter_attributes(held.message, reason, detail, self.queue.url)
+        # Copy first, delete second: a crash in between leaves a copy, never nothing.
+        await asyncio.shield(self.dead_letters.send(held.message.body, attributes))
+        self.metrics.rejections.labels(reason).inc()
+        log.info("message rejected: %s", detail, extra=self._ids(held))
+        return await self._finish(held, "rejected")
+
+    def retry_delay_s(self, receive_count: int) -> int:
+        s = self.settings
+        delay = min(s.retry_max_s, s.retry_base_s * 2 ** max(0, receive_count - 1))
+        return int(delay * random.uniform(0.8, 1.0)) or 1
+
+    async def _retry(self, held: Held, delay_s: float | None = None) -> str:
+        held.outcome = "retried"
+        if delay_s is None:
+            delay = self.retry_delay_s(held.message.receive_count)
+        else:
+            delay = max(1, math.ceil(delay_s))
+        try:
+            await asyncio.shield(self.queue.set_visibility(held.message, delay))
+        except Exception as exc:  # then it comes back when its current visibility lapses
+            log.warning("could not set retry delay: %s", exc, extra=self._ids(held))
+        return "retried"
+
+    async def _settle_cancelled(self, held: Held, outcome: str) -> None:
+        if held.phase == "done":
+            return  # already deleted (or its deletion is under way)
+        delay = self.retry_delay_s(held.message.receive_count) if outcome == "retried" else 0
+        try:
+            await self.queue.set_visibility(held.message, delay)
+        except Exception as exc:  # it becomes visible again when its timeout lapses
+            log.warning("could not hand back message: %s", exc, extra=self._ids(held))
+
+    # -- bookkeeping ------------------------------------------------------------------
+    def _metadata(self, held: Held) -> dict[str, str]:
+        assert held.task is not None
+        return {
+            "task-id": held.task.task_id,
+            "model-sha256": self.model_sha256,
+            "message-id": held.message.message_id,
+            "worker": self.settings.worker_id,
+            "delivery": held.delivery_id,
+        }
+
+    def _ids(self, held: Held) -> dict[str, Any]:
+        return {
+            "task_id": held.task.task_id if held.task else None,
+            "message_id": held.message.message_id,
+            "receive_count": held.message.receive_count,
+        }
+
+    def _record(self, held: Held, outcome: str) -> None:
+        elapsed = time.monotonic() - held.message.received_at
+        self.metrics.outcome(outcome, elapsed)
+        fields = self._ids(held) | {"outcome": outcome, "seconds": round(elapsed, 6)}
+        if held.reason:
+            fields["reason"] = held.reason
+        fields["phases"] = held.timings
+        log.info("task finished", extra=fields)

@@ -1,0 +1,305 @@
+"""The inference pool: one spawned process per slot, each with the model loaded once.
+
+Why slots and not one `ProcessPoolExecutor(max_workers=N)`: when any child of a shared
+executor dies (OOM kill, segfault in native code), the executor fails *every* pending
+future with `BrokenProcessPool`, including tasks running on healthy children. Here each
+slot is a single-process executor, so a crash costs only the task that caused it; the
+slot is restarted in the background while the other slots keep working.
+
+Processes are always started with the *spawn* method: native ML libraries hold thread
+pools and locks that a forked child inherits without the threads, and hangs on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import multiprocessing
+import os
+import signal
+import time
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from sqsinfer import inference
+from sqsinfer.metrics import Metrics
+
+log = logging.getLogger("sqsinfer.pool")
+T = TypeVar("T")
+
+_RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
+_SPAWN_ATTEMPTS = 3
+# Restarts keep being tried, but after this many failures in a row (about 8 s) the pool
+# is reported unusable on /livez, so the kubelet replaces the pod.
+_UNUSABLE_AFTER = 3
+
+
+class PoolCrashed(Exception):
+    """The process running a task died; the task is retried, the slot restarted."""
+
+
+class DeadOnArrival(Exception):
+    """The process was found dead before the task reached it; nothing ran."""
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    processes: int
+    handler: str
+    model_path: str
+    threads: int
+    model_sha256: str
+    max_decoded_bytes: int
+
+
+@dataclass(eq=False)
+class Slot:
+    index: int
+    executor: ProcessPoolExecutor | None = None
+    pid: int = 0
+    busy: bool = False
+    generation: int = 0  # bumped by each restart, so a lease never returns a stale slot
+    failures: int = 0
+    restart_task: asyncio.Task[None] | None = field(default=None, repr=False)
+
+
+class InferencePool:
+    def __init__(self, config: PoolConfig, metrics: Metrics | None = None) -> None:
+        self.config = config
+        self.metrics = metrics or Metrics()
+        self.context = multiprocessing.get_context("spawn")
+        self.slots = [Slot(i) for i in range(config.processes)]
+        # Entries carry the slot's generation: a slot lost and restarted is queued anew,
+        # and the entry from before the loss is recognised as stale and dropped.
+        self._free: asyncio.Queue[tuple[Slot, int]] = asyncio.Queue()
+        self._closing = False
+        self.startup_s = 0.0
+        self.last_error = ""
+
+    # -- lifecycle ------------------------------------------------------------------
+    async def start(self) -> None:
+        """Spawn every process, load the model and make one prediction in each.
+
+        Raises `inference.ModelLoadError` (or whatever the initializer raised) when a
+        process cannot load the model: start-up must stop, not limp on.
+        """
+        started = time.perf_counter()
+        results = await asyncio.gather(
+            *(self._spawn(slot) for slot in self.slots), return_exceptions=True
+        )
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            await self.close()
+            raise errors[0]
+        self.startup_s = time.perf_counter() - started
+        for slot in self.slots:
+            self._free.put_nowait((slot, slot.generation))
+        self._update_ready()
+
+    async def _spawn(self, slot: Slot) -> None:
+        """Start a process for the slot; a process that dies while loading gets retries."""
+        for attempt in range(1, _SPAWN_ATTEMPTS + 1):
+            try:
+                executor, info = await self._spawn_once()
+            except BrokenProcessPool:
+                log.warning(
+                    "pool process died while loading",
+                    extra={"slot": slot.index, "attempt": attempt},
+                )
+                continue
+            slot.executor, slot.pid = executor, int(info["pid"])
+            break
+        else:
+            raise inference.ModelLoadError(
+                f"inference process died {_SPAWN_ATTEMPTS} times while loading "
+                f"{self.config.model_path} (out of memory?)"
+            )
+        log.debug("process %d ready pid=%d warmup_s=%.4f", slot.index, slot.pid, info["warmup_s"])
+
+    async def _spawn_once(self) -> tuple[ProcessPoolExecutor, dict[str, Any]]:
+        c = self.config
+        executor = ProcessPoolExecutor(max_workers=1, mp_context=self.context)
+        loop = asyncio.get_running_loop()
+        try:
+            info = await loop.run_in_executor(
+                executor,
+                inference.start_process,
+                c.handler,
+                c.model_path,
+                c.threads,
+                c.model_sha256,
+                c.max_decoded_bytes,
+            )
+        except BaseException:
+            executor.shutdown(wait=False, cancel_futures=True)
+            raise
+        return executor, info
+
+    def stop_restarting(self) -> None:
+        """From now on a lost process is not replaced (the worker is shutting down)."""
+        self._closing = True
+
+    async def close(self) -> None:
+        """Stop every process. Idempotent."""
+        self._closing = True
+        for slot in self.slots:
+            if slot.restart_task is not None:
+                slot.restart_task.cancel()
+        executors = [s.executor for s in self.slots if s.executor is not None]
+        for slot in self.slots:
+            if slot.busy:  # still running past the drain: nobody waits for its answer
+                self._kill(slot)
+            slot.executor = None
+        loop = asyncio.get_running_loop()
+        for executor in executors:
+            await loop.run_in_executor(None, _shutdown_executor, executor)
+        self._update_ready()
+
+    # -- state ----------------------------------------------------------------------
+    @property
+    def ready_count(self) -> int:
+        return sum(1 for s in self.slots if s.executor is not None)
+
+    @property
+    def usable(self) -> bool:
+        """False once some process could not be restarted: the pod should be replaced."""
+        return not self._closing and all(s.failures < _UNUSABLE_AFTER for s in self.slots)
+
+    def _update_ready(self) -> None:
+        self.metrics.processes_ready.set(self.ready_count)
+
+    # -- running tasks --------------------------------------------------------------
+    async def _acquire(self) -> tuple[Slot, int]:
+        """An idle slot whose process is alive, and the generation it was taken at."""
+        while True:
+            slot, generation = await self._free.get()
+            if generation != slot.generation or slot.executor is None:
+                continue  # a stale entry: the slot was lost and comes back by its restart
+            if _alive(slot.pid):
+                return slot, generation
+            self._lost(slot, f"process {slot.index} pid={slot.pid} died while idle")
+
+    def _release(self, slot: Slot, generation: int) -> None:
+        if slot.generation == generation and slot.executor is not None and not self._closing:
+            self._free.put_nowait((slot, generation))
+
+    @contextlib.asynccontextmanager
+    async def lease(self) -> AsyncIterator[Lease]:
+        """Wait for an idle process and hold it for one task."""
+        lease = Lease(self, *await self._acquire())
+        try:
+            yield lease
+        finally:
+            # A slot lost during the lease comes back through its restart instead.
+            self._release(lease.slot, lease.generation)
+
+    async def run(self, slot: Slot, fn: Callable[..., T], *args: Any) -> T:
+        executor = slot.executor
+        loop = asyncio.get_running_loop()
+        try:
+            if executor is None:
+                raise BrokenProcessPool("the process is gone")
+            future = loop.run_in_executor(executor, fn, *args)
+        except (BrokenProcessPool, RuntimeError):
+            # Died while idle (the executor refuses new work): nothing ran.
+            if slot.executor is not None:
+                self._lost(slot, f"process {slot.index} pid={slot.pid} died while idle")
+            raise DeadOnArrival from None
+        slot.busy = True
+        try:
+            return await future
+        except BrokenProcessPool:
+            self._lost(slot, f"process {slot.index} pid={slot.pid} died during a task")
+            raise PoolCrashed(f"inference process pid={slot.pid} died") from None
+        except asyncio.CancelledError:
+            # Cancelling the await cancels the asyncio future too, but not the child.
+            if future.cancelled() or not future.done():
+                # The child cannot be interrupted; kill it so a stuck or abandoned task
+                # does not hold the slot, and start a fresh one.
+                self._kill(slot)
+                self._lost(slot, f"process {slot.index} pid={slot.pid} killed: task cancelled")
+            raise
+        finally:
+            slot.busy = False
+
+    async def watch(self, interval_s: float = 2.0) -> None:
+        """Notice processes that died while idle (an OOM kill picks any) and restart them."""
+        while not self._closing:
+            await asyncio.sleep(interval_s)
+            for slot in self.slots:
+                if not slot.busy and slot.executor is not None and not _alive(slot.pid):
+                    self._lost(slot, f"process {slot.index} pid={slot.pid} died while idle")
+
+    def _kill(self, slot: Slot) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(slot.pid, signal.SIGKILL)
+
+    def _lost(self, slot: Slot, why: str) -> None:
+        executor, slot.executor = slot.executor, None
+        slot.generation += 1
+        if executor is not None:
+            executor.shutdown(wait=False, cancel_futures=True)
+        self._update_ready()
+        if self._closing:
+            return
+        log.warning("pool process lost", extra={"slot": slot.index, "why": why})
+        slot.restart_task = asyncio.get_running_loop().create_task(self._restart(slot))
+
+    async def _restart(self, slot: Slot) -> None:
+        started = time.perf_counter()
+        while not self._closing:
+            try:
+                await self._spawn(slot)
+            except Exception as exc:  # keep trying with backoff; /livez reports it
+                self.last_error = str(exc)
+                delay = _RESTART_BACKOFF_S[min(slot.failures, len(_RESTART_BACKOFF_S) - 1)]
+                slot.failures += 1
+                log.error(
+                    "pool process restart failed",
+                    extra={"slot": slot.index, "error": str(exc), "retry_in_s": delay},
+                )
+                await asyncio.sleep(delay)
+                continue
+            slot.failures = 0
+            self.metrics.pool_rebuilds.inc()
+            self._update_ready()
+            self._free.put_nowait((slot, slot.generation))
+            restore_s = round(time.perf_counter() - started, 3)
+            log.info(
+                "pool process restarted",
+                extra={"slot": slot.index, "pid": slot.pid, "restore_s": restore_s},
+            )
+            return
+
+
+@dataclass(eq=False)
+class Lease:
+    pool: InferencePool
+    slot: Slot
+    generation: int
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        while True:
+            try:
+                return await self.pool.run(self.slot, fn, *args)
+            except DeadOnArrival:
+                # Nothing ran; the dead process is restarting. Take another one.
+                self.slot, self.generation = await self.pool._acquire()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # pragma: no cover - a pid reused by another user's process
+        return False
+    return True
+
+
+def _shutdown_executor(executor: ProcessPoolExecutor) -> None:
+    executor.shutdown(wait=True, cancel_futures=True)

@@ -1,0 +1,163 @@
+"""Start-up checks of everything the worker depends on, before it reports ready.
+
+Each problem is sorted into one of two kinds:
+- it may pass by itself (the endpoint is down, throttling, a 5xx): wait and ask again,
+  for as long as it takes; readiness stays false meanwhile;
+- it will not (no such queue or bucket, credentials refused): stop at once with a
+  message that names the setting to change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+
+from sqsinfer import config
+from sqsinfer.aws import Clients
+from sqsinfer.queue import SqsQueue
+from sqsinfer.storage import error_code, http_status
+
+log = logging.getLogger("sqsinfer.preflight")
+T = TypeVar("T")
+
+_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0)
+_CREDENTIAL_CODES = frozenset(
+    {
+        "InvalidClientTokenId",
+        "SignatureDoesNotMatch",
+        "UnrecognizedClientException",
+        "ExpiredToken",
+        "ExpiredTokenException",
+        "InvalidAccessKeyId",
+        "AccessDenied",
+        "AccessDeniedException",
+        "InvalidSecurity",
+        "MissingAuthenticationToken",
+    }
+)
+_MISSING_CODES = frozenset(
+    {
+        "AWS.SimpleQueueService.NonExistentQueue",
+        "QueueDoesNotExist",
+        "NoSuchBucket",
+        "404",
+    }
+)
+
+
+class StartupError(Exception):
+    """The worker cannot start; the message says why and which setting to change."""
+
+
+class StoppedWhileStarting(Exception):
+    """Shutdown was asked for while start-up waited on a dependency."""
+
+
+@dataclass(frozen=True)
+class Dependencies:
+    dlq_url: str
+
+
+def _diagnose(exc: Exception) -> str:
+    """'' when the problem may pass by itself, else what kind of lasting problem it is."""
+    if isinstance(exc, NoCredentialsError):
+        return "credentials"
+    if not isinstance(exc, ClientError):
+        return ""
+    code = error_code(exc)
+    if code in _CREDENTIAL_CODES or http_status(exc) in (401, 403):
+        return "credentials"
+    if code in _MISSING_CODES or http_status(exc) == 404:
+        return "missing"
+    throttled = "throttl" in code.lower() or code in ("RequestThrottled", "SlowDown")
+    return "" if throttled or http_status(exc) >= 500 else "refused"
+
+
+class Preflight:
+    def __init__(
+        self, settings: config.Settings, clients: Clients, stopping: asyncio.Event
+    ) -> None:
+        self.settings = settings
+        self.clients = clients
+        self.stopping = stopping
+
+    async def run(self) -> Dependencies:
+        s = self.settings
+        queue = SqsQueue(self.clients.sqs, s.queue_url)
+        target = await self._ask("queue_url", f"read queue {s.queue_url}", queue.redrive_target)
+        dlq_url = s.dlq_url or target
+        if not dlq_url:
+            raise StartupError(
+                f"{config.env_name('dlq_url')}: not set, and {s.queue_url} has no redrive "
+                "policy; rejected messages need a dead-letter queue"
+            )
+        for name, url in (("dlq_url", dlq_url), ("next_queue_url", s.next_queue_url)):
+            if url:
+                await self._ask(
+                    name, f"read queue {url}", functools.partial(self._queue_exists, url)
+                )
+        await self._buckets()
+        return Dependencies(dlq_url=dlq_url)
+
+    async def _queue_exists(self, url: str) -> None:
+        # GetQueueUrl, not GetQueueAttributes: a stage may send to these queues, and that
+        # is all its IAM policy needs to grant on them (with sqs:GetQueueUrl).
+        *_, account, name = url.rstrip("/").split("/")
+        await self.clients.sqs.get_queue_url(QueueName=name, QueueOwnerAWSAccountId=account)
+
+    async def _buckets(self) -> None:
+        s = self.settings
+        wanted: dict[str, str] = {}
+        for prefix in s.allowed_input_prefixes:
+            wanted.setdefault(prefix.bucket, "allowed_input_prefixes")
+        if s.output_prefix is not None:
+            wanted[s.output_prefix.bucket] = "output_prefix"
+        for bucket, setting in wanted.items():
+            await self._ask(
+                setting, f"find bucket {bucket}", functools.partial(self._bucket, bucket)
+            )
+
+    async def _bucket(self, bucket: str) -> None:
+        try:
+            await self.clients.s3.head_bucket(Bucket=bucket)
+        except ClientError as exc:
+            # A policy may grant object access without s3:ListBucket: 403 is not "missing".
+            if http_status(exc) != 403:
+                raise
+            log.warning("cannot list bucket %s (403); continuing", bucket)
+
+    async def _ask(self, setting: str, what: str, call: Callable[[], Awaitable[T]]) -> T:
+        """Call until it answers; fail at once on a problem that will not pass."""
+        attempt = 0
+        while True:
+            try:
+                return await call()
+            except (ClientError, BotoCoreError) as exc:
+                problem = _diagnose(exc)
+                if problem == "credentials":
+                    raise StartupError(f"AWS credentials refused trying to {what}: {exc}") from None
+                if problem:
+                    raise StartupError(
+                        f"{config.env_name(setting)}: cannot {what}: {exc}"
+                    ) from None
+                wait_s = _BACKOFF_S[min(attempt, len(_BACKOFF_S) - 1)]
+                attempt += 1
+                log.warning(
+                    "dependency not answering, retrying",
+                    extra={"what": what, "error": str(exc), "retry_in_s": wait_s},
+                )
+                await self._pause(wait_s)
+
+    async def _pause(self, seconds: float) -> None:
+        """Sleep, unless shutdown is asked for meanwhile."""
+        try:
+            await asyncio.wait_for(self.stopping.wait(), seconds)
+        except TimeoutError:
+            return
+        raise StoppedWhileStarting

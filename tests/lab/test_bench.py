@@ -1,0 +1,183 @@
+"""`sqsinfer bench`: the smoke run end to end, and the pieces that compute the report.
+
+These tests check that the benchmark runs and reports; they never assert a speed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from sqsinfer import bench
+from sqsinfer.bench import emulator, probe, report, runner, workload
+
+SCENARIOS = {
+    "compute-only",
+    "sqsinfer",
+    "http-service",
+    "http-service-load-per-request",
+    "naive",
+    "emulator-ceiling",
+}
+
+
+def test_quick_run_reports_every_scenario_with_a_stable_shape(tmp_path):
+    out = tmp_path / "out"
+    argv = [sys.executable, "-m", "sqsinfer", "bench", "--quick", "--out-dir", str(out)]
+    argv += ["--cache-dir", str(tmp_path / "cache")]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=170, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    found = json.loads((out / "bench-quick.json").read_text())
+
+    assert found["schema"] == "sqsinfer-bench/1"
+    assert found["regime"] == "quick"
+    assert found["quick"] is True
+    assert set(found["scenarios"]) == SCENARIOS
+    for name, result in found["scenarios"].items():
+        assert "error" not in result, (name, result.get("error"))
+        assert result["tasks"] > 0, name
+        assert result["tasks_per_s"] > 0, name
+        assert isinstance(result["seconds_per_task"], float), name
+        assert {"p50", "p95", "mean"} <= set(result["latency_s"]), name
+        assert set(runner.PHASES) | {"other"} <= set(result["phases_ms"]), name
+        assert result["cpu_s_per_task"] is not None, name
+        assert result["peak_rss_mb"]["parent"] > 0, name
+    # The key `sqsinfer plan` reads.
+    assert isinstance(found["scenarios"]["sqsinfer"]["seconds_per_task"], float)
+    assert found["scenarios"]["sqsinfer"]["pool_ready_s"] > 0
+    assert len(found["scenarios"]["sqsinfer"]["peak_rss_mb"]["children"]) >= 2
+    assert found["scenarios"]["sqsinfer"]["phases_ms"]["receive"] is not None
+    assert {"efficiency", "vs_http_service", "vs_naive", "overhead_cpu_ms_per_task"} <= set(
+        found["ratios"]
+    )
+    assert all(found["ratios"][k] is not None for k in ("efficiency", "vs_naive"))
+    assert {"pool_ready_s", "handoff_2mb_ms"} <= set(found["targets"])
+    methods = found["handoff"]["methods"]
+    assert {"shared_memory", "pickle_array", "raw_bytes", "no_payload"} == set(methods)
+    assert found["handoff"]["array_bytes"] > 2_000_000
+    machine = found["machine"]
+    assert machine["cpus"] >= 1 and machine["python"] and "numpy" in machine["packages"]
+    assert "sqsinfer" in done.stdout and "tasks/s" in done.stdout
+
+
+def test_regime_names_on_the_command_line_match_the_workloads():
+    assert set(bench.REGIME_NAMES) == set(workload.REGIMES)
+
+
+def test_a_large_model_is_built_by_repeating_trained_trees(tmp_path):
+    import xgboost
+
+    small = dataclasses.replace(
+        workload.REGIMES["quick"], name="t", trees=12, trained_trees=3, depth=3
+    )
+    path = workload.model_path(small, seed=1, cache_dir=str(tmp_path))
+    assert workload.model_path(small, seed=1, cache_dir=str(tmp_path)) == path  # cached
+    booster = xgboost.Booster()
+    booster.load_model(path)
+    assert booster.num_boosted_rounds() == 12
+    rows = np.random.default_rng(0).standard_normal((5, small.features)).astype(np.float32)
+    assert booster.inplace_predict(rows).shape == (5,)
+
+
+def test_inputs_are_deterministic_from_the_seed():
+    regime = dataclasses.replace(workload.REGIMES["quick"], rows=3, distinct_inputs=2)
+    assert workload.input_bytes(regime, 5) == workload.input_bytes(regime, 5)
+    assert workload.input_bytes(regime, 5) != workload.input_bytes(regime, 6)
+
+
+def test_the_feeder_never_lets_more_than_a_hundred_messages_wait():
+    sent: list[int] = []
+
+    class Sqs:
+        def send_message_batch(self, QueueUrl: str, Entries: list[dict[str, str]]) -> dict:
+            sent.append(len(Entries))
+            return {"Successful": Entries}
+
+    res = emulator.Resources("b", "q", "d", ["s3://b/in/0.npy"])
+    feeder = emulator.Feeder(Sqs(), res, "t", depth=500, in_flight=4)
+    feeder.top_up(0)
+    assert feeder.sent <= emulator.MAX_VISIBLE
+    before = feeder.sent
+    feeder.top_up(30)  # 30 finished: room for 30 more, in whole batches
+    assert feeder.sent == before + 30
+    assert json.loads(feeder.body(7))["task_id"] == "t-000007"
+
+
+def test_phase_means_and_the_unaccounted_rest():
+    records = [
+        {"seconds": 0.010, "phases": {"receive": 0.5, "s3_get": 0.002, "infer": 0.006}},
+        {"seconds": 0.020, "phases": {"receive": 0.5, "s3_get": 0.004, "infer": 0.012}},
+    ]
+    means = runner.phase_means_ms(records)
+    assert means["s3_get"] == pytest.approx(3.0)
+    assert means["infer"] == pytest.approx(9.0)
+    assert means["other"] == pytest.approx(3.0)  # receive happens before `seconds` starts
+    assert means["delete"] is None
+
+
+def test_percentiles_and_prometheus_samples():
+    assert probe.percentile([3.0, 1.0, 2.0], 0.5) == 2.0
+    assert probe.percentile([], 0.5) is None
+    text = '# HELP x\nsqsinfer_phase_seconds_sum{phase="receive"} 1.5\nup 1\n'
+    assert probe.prometheus_samples(text) == {
+        'sqsinfer_phase_seconds_sum{phase="receive"}': 1.5,
+        "up": 1.0,
+    }
+
+
+def test_tree_probe_sees_a_child_process_cpu():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"])
+    try:
+        tree = probe.TreeProbe(os.getpid())
+        assert child.pid in tree.cpu()
+        tree.record_peaks()
+        assert tree.peak_rss_mb()["parent"] > 0
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_ratios_and_targets_from_scenario_results():
+    scenarios = {
+        "compute-only": {"tasks_per_s": 40.0, "cpu_s_per_task": 0.050},
+        "sqsinfer": {
+            "tasks_per_s": 38.0,
+            "cpu_s_per_task": 0.051,
+            "cpu_s_per_task_outside_spawned": 0.001,
+        },
+        "http-service": {"tasks_per_s": 10.0},
+        "naive": {"tasks_per_s": 19.0},
+    }
+    found = report.ratios(scenarios)
+    assert found["efficiency"] == pytest.approx(0.95)
+    assert found["vs_http_service"] == pytest.approx(3.8)
+    assert found["vs_naive"] == pytest.approx(2.0)
+    assert found["tree_minus_compute_only_cpu_ms_per_task"] == pytest.approx(1.0)
+    assert found["vs_emulator_ceiling"] is None
+    handoff = {"methods": {"shared_memory": {"cpu_ms_per_task": {"child": 0.2}}}}
+    report.with_overhead(found, handoff)
+    assert found["overhead_cpu_ms_per_task"] == pytest.approx(1.2)  # process 1.0 + child 0.2
+    checks = report.targets("medium", found, None, {"processes": 2, "median_s": 0.8})
+    assert checks["vs_http_service"]["met"] is True
+    assert checks["vs_naive"]["met"] is False
+    assert checks["pool_ready_s"]["met"] is True
+
+
+def test_ratios_are_taken_within_each_run_then_their_median():
+    def run(compute: float, ours: float) -> dict[str, dict[str, float]]:
+        return {"compute-only": {"tasks_per_s": compute}, "sqsinfer": {"tasks_per_s": ours}}
+
+    runs = [run(10.0, 9.0), run(20.0, 19.0), run(5.0, 1.0)]
+    by_name = {n: [r[n] for r in runs] for n in ("compute-only", "sqsinfer")}
+    regime = workload.REGIMES["quick"]
+    built = report.build(regime, by_name, {"settings": {"processes": 2}})
+    assert built["ratios"]["efficiency"] == pytest.approx(0.9)  # median of 0.9, 0.95, 0.2
+    assert len(built["ratios_per_run"]) == 3
+    assert built["scenarios"]["sqsinfer"]["runs_tasks_per_s"] == [9.0, 19.0, 1.0]
+    assert built["scenarios"]["sqsinfer"]["tasks_per_s"] == 9.0  # the median run

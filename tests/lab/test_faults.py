@@ -1,0 +1,66 @@
+"""The fault proxy, and the worker behind it: injected faults cost retries, never work."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sqsinfer.inference import XGBoostHandler
+from sqsinfer.lab import synthetic
+from sqsinfer.lab.faults import FaultPlan, FaultProxy, classify
+from tests.conftest import N_FEATURES, Stage, eventually, outcome_count, running
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "headers", "expected"),
+    [
+        (
+            "POST",
+            "/",
+            {"X-Amz-Target": "AmazonSQS.ReceiveMessage"},
+            ("sqs", "ReceiveMessage", False),
+        ),
+        ("GET", "/bucket/in/a.npy", {}, ("s3", "GetObject", False)),
+        ("PUT", "/bucket/out/a.npy", {"If-None-Match": "*"}, ("s3", "PutObject", True)),
+        ("HEAD", "/bucket/out/a.npy", {}, ("s3", "HeadObject", False)),
+        ("HEAD", "/bucket", {}, ("s3", "HeadBucket", False)),
+    ],
+)
+def test_operations_are_recognised(method, path, headers, expected):
+    op = classify(method, path, "", headers)
+    assert (op.service, op.name, op.conditional) == expected
+
+
+async def test_worker_behind_faults_commits_every_task_exactly_once(
+    stage: Stage, make_settings, model_path
+):
+    plan = FaultPlan(seed=7, s3_5xx=0.15, s3_conflict=0.3, sqs_errors=0.1, drop=0.1, latency_ms=5)
+    proxy = FaultProxy(stage.endpoint, plan)
+    await proxy.start()
+    inputs = {}
+    for i in range(20):
+        inputs[f"f{i}"] = synthetic.make_rows(4, N_FEATURES, seed=100 + i)
+        uri = stage.put_input(f"f{i}.npy", synthetic.encode_input(inputs[f"f{i}"], "npy"))
+        stage.send({"task_id": f"f{i}", "input": uri})
+    settings = make_settings(
+        endpoint_url=proxy.url, visibility_timeout_s=4, heartbeat_s=1, retry_base_s=1, prefetch=4
+    )
+    try:
+        async with running(settings) as worker:
+            await eventually(lambda: len(stage.outputs()) == 20, timeout_s=90)
+            await eventually(lambda: stage.counts(stage.queue_url) == (0, 0), timeout_s=60)
+    finally:
+        await proxy.stop()
+    handler = XGBoostHandler()
+    handler.load(model_path, 1)
+    for key, body in stage.outputs().items():
+        task_id = key.removeprefix("out/").removesuffix(".npy")
+        want = handler.predict(inputs[task_id]).reshape(-1, 1)
+        np.testing.assert_allclose(synthetic.decode_output(body, "npy"), want, rtol=1e-6)
+    assert stage.counts(stage.dlq_url) == (0, 0)
+    assert outcome_count(worker, "rejected") == 0
+    assert outcome_count(worker, "committed") + outcome_count(worker, "duplicate") >= 20
+    for kind in ("s3:409", "s3:dropped"):
+        assert proxy.counts[kind] > 0, proxy.counts
+    assert proxy.counts["s3:503"] + proxy.counts["s3:500"] > 0
+    assert proxy.counts["sqs:500"] + proxy.counts["sqs:throttled"] > 0

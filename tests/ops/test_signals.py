@@ -1,0 +1,201 @@
+"""Signals people use: the JSON log line of each outcome, every metric after a run, and a
+Grafana dashboard that asks only for metrics and labels the worker exposes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import pathlib
+import re
+from typing import Any
+
+import aiohttp
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from sqsinfer.lab import synthetic
+from sqsinfer.logs import JsonFormatter
+from sqsinfer.metrics import OUTCOMES, PHASES, Metrics
+from tests.conftest import N_FEATURES, Stage, eventually, running
+
+DASHBOARD = pathlib.Path(__file__).parents[2] / "dashboards" / "sqsinfer-grafana.json"
+TARGET_LABELS = {"job", "instance", "le"}  # added by Prometheus, or a histogram's own
+_METRIC_RE = re.compile(r"\bsqsinfer_[a-z0-9_]+\b")
+_BY_RE = re.compile(r"\bby\s*\(([^)]*)\)")
+_MATCHER_RE = re.compile(r"([a-z_]+)\s*=~?\s*\"")
+
+
+class Captured(logging.Handler):
+    """The worker's log lines exactly as the JSON formatter writes them."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.setFormatter(JsonFormatter())
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(self.format(record))
+
+    def docs(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.lines]
+
+
+@pytest.fixture
+def captured():
+    handler = Captured()
+    logger = logging.getLogger("sqsinfer")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    yield handler
+    logger.removeHandler(handler)
+    logger.setLevel(level)
+
+
+def _three_outcomes(stage: Stage) -> None:
+    """A committed task, a duplicate (its output exists) and a rejected message."""
+    rows = synthetic.make_rows(4, N_FEATURES, seed=5)
+    uri = stage.put_input("s.npy", synthetic.encode_input(rows, "npy"))
+    stage.s3.put_object(Bucket=stage.bucket, Key="out/dup.npy", Body=b"earlier")
+    stage.s3.put_object(Bucket=stage.bucket, Key="out/dup.npy.chain", Body=b"{}")  # linked
+    stage.send({"task_id": "fresh", "input": uri})
+    stage.send({"task_id": "dup", "input": uri})
+    stage.send("{not json")
+
+
+async def test_log_line_schema(stage: Stage, make_settings, captured: Captured):
+    _three_outcomes(stage)
+    async with running(make_settings(next_queue_url=stage.next_url)) as worker:
+        await eventually(lambda: sum(worker.metrics.outcomes.values()) == 3)
+        seen = len(captured.lines)
+        await asyncio.sleep(2.2)  # two idle long polls (wait 1 s): nothing per poll at INFO
+        idle = captured.lines[seen:]
+    assert idle == []
+    docs = captured.docs()
+    for doc in docs:
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", doc["ts"])
+        assert doc["level"] in ("debug", "info", "warning", "error")
+        assert doc["logger"].startswith("sqsinfer")
+        assert isinstance(doc["msg"], str)
+    finished = {d["outcome"]: d for d in docs if d["msg"] == "task finished"}
+    assert set(finished) == {"committed", "duplicate", "rejected"}
+    for outcome, doc in finished.items():
+        assert outcome in OUTCOMES
+        assert isinstance(doc["message_id"], str) and doc["message_id"]
+        assert doc["receive_count"] == 1
+        assert isinstance(doc["seconds"], float) and doc["seconds"] >= 0
+        assert isinstance(doc["phases"], dict)
+        assert all(p in PHASES and isinstance(s, float) for p, s in doc["phases"].items())
+    assert finished["committed"]["task_id"] == "fresh"
+    assert {"s3_get", "wait_process", "decode", "infer", "commit", "chain"} <= set(
+        finished["committed"]["phases"]
+    )
+    assert finished["duplicate"]["task_id"] == "dup"
+    assert finished["rejected"]["task_id"] is None  # the body never parsed
+    assert finished["rejected"]["reason"] == "malformed_json"
+    lifecycle = [d["msg"] for d in docs if d["msg"] != "task finished"]
+    for msg in ("ready", "draining", "stopped"):
+        assert msg in lifecycle
+    assert "in_flight_limit" in next(d for d in docs if d["msg"] == "ready")
+    assert "releasing" in next(d for d in docs if d["msg"] == "draining")
+
+
+def _families(text: str) -> dict[str, Any]:
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+async def test_every_metric_is_exposed_after_a_run(stage: Stage, make_settings):
+    _three_outcomes(stage)
+    async with running(make_settings(next_queue_url=stage.next_url)) as worker:
+        await eventually(lambda: sum(worker.metrics.outcomes.values()) == 3)
+        url = f"http://127.0.0.1:{worker.health.port}/metrics"
+        async with aiohttp.ClientSession() as session, session.get(url) as response:
+            assert response.status == 200
+            text = await response.text()
+    scraped = _families(text)
+    declared = _families(Metrics().render().decode())
+    for name, family in declared.items():
+        assert name in scraped, f"{name} missing from /metrics"
+        assert scraped[name].type == family.type
+
+    def value(name: str, **labels: str) -> float:
+        for family in scraped.values():
+            for s in family.samples:
+                if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                    return float(s.value)
+        raise AssertionError(f"no sample {name} {labels}")
+
+    for outcome in ("committed", "duplicate", "rejected"):
+        assert value("sqsinfer_tasks_total", outcome=outcome) == 1
+        assert value("sqsinfer_task_seconds_count", outcome=outcome) == 1
+    assert value("sqsinfer_tasks_total", outcome="retried") == 0  # shown before it happens
+    assert value("sqsinfer_rejections_total", reason="malformed_json") == 1
+    for phase in PHASES:
+        assert value("sqsinfer_phase_seconds_count", phase=phase) >= 1, phase
+    assert value("sqsinfer_rows_total") == 4
+    assert value("sqsinfer_in_flight") == 0
+    assert value("sqsinfer_processes_ready") == 1
+    for counter in ("pool_rebuilds", "visibility_extensions", "chain_duplicates"):
+        assert value(f"sqsinfer_{counter}_total") == 0
+
+
+# -- the dashboard --------------------------------------------------------------------
+def _exposed() -> tuple[set[str], dict[str, set[str]]]:
+    """Every series name the worker can expose, and each one's label names."""
+    metrics = Metrics()
+    metrics.outcome("committed", 1.0)
+    metrics.rejections.labels("malformed_json").inc()
+    metrics.aws_errors.labels("ReceiveMessage").inc()
+    names: set[str] = set()
+    labels: dict[str, set[str]] = {}
+    for family in text_string_to_metric_families(metrics.render().decode()):
+        for s in family.samples:
+            names.add(s.name)
+            labels.setdefault(s.name, set()).update(s.labels)
+    return names, labels
+
+
+def _dashboard_exprs(doc: dict[str, Any]) -> list[str]:
+    exprs = []
+    for panel in doc["panels"]:
+        exprs += [t["expr"] for t in panel.get("targets", [])]
+        for inner in panel.get("panels", []):
+            exprs += [t["expr"] for t in inner.get("targets", [])]
+    exprs += [v["definition"] for v in doc["templating"]["list"] if "definition" in v]
+    return exprs
+
+
+def test_dashboard_uses_only_exposed_metrics_and_labels():
+    doc = json.loads(DASHBOARD.read_text())
+    names, labels = _exposed()
+    exprs = _dashboard_exprs(doc)
+    assert len(exprs) >= 15
+    used = set()
+    for expr in exprs:
+        found = set(_METRIC_RE.findall(expr))
+        assert found, expr
+        assert found <= names, f"unknown metric in {expr}: {found - names}"
+        used |= found
+        allowed = TARGET_LABELS.union(*(labels[name] for name in found))
+        for group in _BY_RE.findall(expr):
+            by = {label.strip() for label in group.split(",") if label.strip()}
+            assert by <= allowed, f"{expr}: labels {by - allowed}"
+        assert set(_MATCHER_RE.findall(expr)) <= allowed, expr
+    # every metric family has a panel
+    families = {re.sub(r"_(total|bucket|count|sum|created)$", "", n) for n in names}
+    assert families <= {re.sub(r"_(total|bucket|count|sum)$", "", n) for n in used}
+
+
+def test_dashboard_is_importable():
+    doc = json.loads(DASHBOARD.read_text())
+    assert doc["uid"] == "sqsinfer" and doc["schemaVersion"] >= 36
+    ids = [p["id"] for p in doc["panels"]]
+    assert len(ids) == len(set(ids))
+    variables = {v["name"] for v in doc["templating"]["list"]}
+    assert {"datasource", "job", "instance"} <= variables
+    for panel in doc["panels"]:
+        grid = panel["gridPos"]
+        assert grid["x"] >= 0 and grid["x"] + grid["w"] <= 24
+        for target in panel.get("targets", []):
+            assert target["datasource"]["uid"] == "${datasource}"

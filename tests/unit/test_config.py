@@ -1,0 +1,92 @@
+"""Settings: environment, flags, defaults that depend on the machine, and clear errors."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from sqsinfer import config
+from sqsinfer.config import ConfigError, Settings
+
+
+@pytest.fixture
+def env(model_path: str) -> dict[str, str]:
+    return {
+        "SQSINFER_QUEUE_URL": "http://127.0.0.1:1/q",
+        "SQSINFER_MODEL_PATH": model_path,
+        "SQSINFER_ALLOWED_INPUT_PREFIXES": "s3://in-bucket/a/,s3://in-bucket/b",
+        "SQSINFER_OUTPUT_PREFIX": "s3://out-bucket/scores",
+    }
+
+
+def test_environment_is_read_and_flags_win(env):
+    s = Settings.load(env | {"SQSINFER_PREFETCH": "3"}, {"prefetch": "5"})
+    assert s.prefetch == 5
+    assert [str(p) for p in s.allowed_input_prefixes] == ["s3://in-bucket/a/", "s3://in-bucket/b/"]
+    assert [str(p) for p in s.allowed_output_prefixes] == ["s3://out-bucket/scores/"]
+    assert s.processes == config.available_cpus() >= 1
+    assert s.in_flight_limit == s.processes * 5
+
+
+def test_every_setting_has_an_environment_name_and_a_flag():
+    assert len(config.ENV_NAMES) == len(set(config.ENV_NAMES))
+    assert all(name.startswith("SQSINFER_") for name in config.ENV_NAMES)
+    assert "SQSINFER_HEARTBEAT_S" in config.ENV_NAMES
+
+
+def test_available_cpus_respects_affinity():
+    assert config.available_cpus() <= len(os.sched_getaffinity(0))
+
+
+@pytest.mark.parametrize(
+    ("changes", "setting"),
+    [
+        ({"SQSINFER_QUEUE_URL": ""}, "SQSINFER_QUEUE_URL"),
+        ({"SQSINFER_QUEUE_URL": "sqs://nope"}, "SQSINFER_QUEUE_URL"),
+        ({"SQSINFER_MODEL_PATH": "/nonexistent/model.ubj"}, "SQSINFER_MODEL_PATH"),
+        ({"SQSINFER_ALLOWED_INPUT_PREFIXES": ""}, "SQSINFER_ALLOWED_INPUT_PREFIXES"),
+        ({"SQSINFER_ALLOWED_INPUT_PREFIXES": "/local/path"}, "SQSINFER_ALLOWED_INPUT_PREFIXES"),
+        ({"SQSINFER_OUTPUT_PREFIX": "s3://UPPER/x"}, "SQSINFER_OUTPUT_PREFIX"),
+        ({"SQSINFER_ALLOWED_OUTPUT_PREFIXES": "s3://other/"}, "SQSINFER_ALLOWED_OUTPUT_PREFIXES"),
+        (
+            {"SQSINFER_HEARTBEAT_S": "60", "SQSINFER_VISIBILITY_TIMEOUT_S": "30"},
+            "SQSINFER_HEARTBEAT_S",
+        ),
+        ({"SQSINFER_VISIBILITY_TIMEOUT_S": "50000"}, "SQSINFER_VISIBILITY_TIMEOUT_S"),
+        ({"SQSINFER_PROCESSES": "two"}, "SQSINFER_PROCESSES"),
+        ({"SQSINFER_PROCESSES": "-1"}, "SQSINFER_PROCESSES"),
+        ({"SQSINFER_PREFETCH": "0"}, "SQSINFER_PREFETCH"),
+        ({"SQSINFER_WAIT_TIME_S": "25"}, "SQSINFER_WAIT_TIME_S"),
+        ({"SQSINFER_OUTPUT_FORMAT": "parquet"}, "SQSINFER_OUTPUT_FORMAT"),
+        ({"SQSINFER_MODEL_SHA256": "abc"}, "SQSINFER_MODEL_SHA256"),
+        ({"SQSINFER_HANDLER": "not a path"}, "SQSINFER_HANDLER"),
+        ({"SQSINFER_LOG_LEVEL": "LOUD"}, "SQSINFER_LOG_LEVEL"),
+        ({"SQSINFER_DRAIN_DEADLINE_S": "0"}, "SQSINFER_DRAIN_DEADLINE_S"),
+        ({"SQSINFER_HEALTH_PORT": "70000"}, "SQSINFER_HEALTH_PORT"),
+        ({"SQSINFER_RETRY_BASE_S": "100", "SQSINFER_RETRY_MAX_S": "10"}, "SQSINFER_RETRY_BASE_S"),
+    ],
+)
+def test_a_bad_setting_is_named(env, changes, setting):
+    with pytest.raises(ConfigError) as caught:
+        Settings.load(env | changes)
+    assert caught.value.setting == setting
+    assert str(caught.value).startswith(setting)
+
+
+def test_the_command_refuses_bad_settings_with_the_name_and_exit_code_2(env):
+    result = subprocess.run(
+        [sys.executable, "-m", "sqsinfer", "worker", "--heartbeat-s", "90"],
+        env={**os.environ, **env},
+        capture_output=True,
+        check=False,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert (
+        "SQSINFER_HEARTBEAT_S (--heartbeat-s): must be above 0 and shorter than the "
+        "visibility timeout (60 s)" in result.stderr
+    )

@@ -1,0 +1,88 @@
+"""Child-side decoding and encoding, run here in-process on plain buffers."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+
+from sqsinfer import inference
+from sqsinfer.inference import InputError
+from sqsinfer.lab import synthetic
+
+LIMIT = 1 << 20
+
+
+def decode(data: bytes, fmt: str) -> np.ndarray:
+    return inference.decode(memoryview(data), fmt, LIMIT)
+
+
+@pytest.mark.parametrize("fmt", ["npy", "json", "jsonl", "csv"])
+def test_every_format_decodes_to_the_same_rows(fmt):
+    rows = synthetic.make_rows(6, 4, seed=2)
+    np.testing.assert_allclose(decode(synthetic.encode_input(rows, fmt), fmt), rows, rtol=1e-6)
+
+
+def test_npy_keeps_float64_and_fortran_order_and_converts_integers():
+    rows = np.asfortranarray(np.arange(12, dtype=np.float64).reshape(3, 4))
+    out = io.BytesIO()
+    np.save(out, rows)
+    decoded = decode(out.getvalue(), "npy")
+    assert decoded.dtype == np.float64
+    np.testing.assert_array_equal(decoded, rows)
+    ints = io.BytesIO()
+    np.save(ints, np.arange(6, dtype=np.int32).reshape(2, 3))
+    assert decode(ints.getvalue(), "npy").dtype == np.float32
+
+
+def test_csv_empty_cells_are_missing_values():
+    decoded = decode(b"a,b\n1,\n,2\n", "csv")
+    assert np.isnan(decoded[0, 1]) and np.isnan(decoded[1, 0])
+
+
+@pytest.mark.parametrize(
+    ("data", "fmt", "why"),
+    [
+        (b"", "npy", "undecodable_input"),
+        (b"\x93NUMPY\x01\x00\xff\xff", "npy", "undecodable_input"),
+        (b"[[1, 2], [3]]", "json", "undecodable_input"),
+        (b'[["a", "b"]]', "json", "undecodable_input"),
+        (b"[[1e999, 1]]", "json", "undecodable_input"),
+        (b"{}", "json", "undecodable_input"),
+        (b"[[[1]]]", "json", "undecodable_input"),
+        (b"[1, 2]\nnot json\n", "jsonl", "undecodable_input"),
+        (b"1,2\n3\n", "csv", "undecodable_input"),
+        (b"\xff\xfe", "csv", "undecodable_input"),
+        (b"1,inf\n", "csv", "undecodable_input"),
+    ],
+)
+def test_bad_inputs_raise_input_errors(data, fmt, why):
+    with pytest.raises(InputError) as caught:
+        decode(data, fmt)
+    assert caught.value.reason == why
+
+
+def test_decoded_size_is_bounded():
+    rows = np.zeros((1000, 200), dtype=np.float64)  # 1.6 MB
+    with pytest.raises(InputError) as caught:
+        decode(synthetic.encode_input(rows, "npy"), "npy")
+    assert caught.value.reason == "input_too_large"
+
+
+def test_outputs_are_rows_by_outputs():
+    assert synthetic.decode_output(inference.encode(np.array([1.0, 2.0]), "npy"), "npy").shape == (
+        2,
+        1,
+    )
+    assert inference.encode(np.array([[1.5], [2.5]], dtype=np.float32), "json") == b"[[1.5],[2.5]]"
+
+
+def test_xgboost_handler_checks_the_feature_count(model_path):
+    handler = inference.XGBoostHandler()
+    handler.load(model_path, 1)
+    with pytest.raises(InputError) as caught:
+        handler.predict(np.zeros((2, handler.n_features + 1), dtype=np.float32))
+    assert caught.value.reason == "wrong_feature_count"
+    with pytest.raises(inference.ModelLoadError):
+        inference.XGBoostHandler().load(model_path.replace(".ubj", ".pkl"), 1)

@@ -1,0 +1,177 @@
+"""`sqsinfer worker` as a real process: signals, exit codes and the exact lifecycle lines."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from typing import Any
+
+import numpy as np
+import pytest
+
+from sqsinfer.lab import standin, synthetic
+from tests.conftest import Stage
+
+
+def _env(stage: Stage, model_path: str, **extra: str) -> dict[str, str]:
+    env = {
+        **os.environ,
+        **standin.FAKE_CREDENTIALS,
+        "SQSINFER_QUEUE_URL": stage.queue_url,
+        "SQSINFER_MODEL_PATH": model_path,
+        "SQSINFER_HANDLER": "tests.handlers:ScriptedHandler",
+        "SQSINFER_ALLOWED_INPUT_PREFIXES": f"s3://{stage.bucket}/in/",
+        "SQSINFER_OUTPUT_PREFIX": f"s3://{stage.bucket}/out/",
+        "SQSINFER_ENDPOINT_URL": stage.endpoint,
+        "SQSINFER_PROCESSES": "1",
+        "SQSINFER_WAIT_TIME_S": "1",
+        "SQSINFER_HEALTH_HOST": "127.0.0.1",
+        "SQSINFER_HEALTH_PORT": str(standin.free_port()),
+        "SQSINFER_LOG_FORMAT": "json",
+    }
+    return env | extra
+
+
+def _start(env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "sqsinfer", "worker"],
+        env=env,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+    )
+
+
+def _wait_ready(process: subprocess.Popen[str], port: str) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        assert process.poll() is None, process.stderr.read() if process.stderr else ""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise AssertionError("worker never became ready")
+
+
+def _wait_until(check, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "condition not met"
+        time.sleep(0.1)
+
+
+def _lines(stderr: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
+
+
+def _lifecycle(lines: list[dict[str, Any]]) -> list[str]:
+    return [line["msg"] for line in lines if line["logger"] == "sqsinfer.worker"]
+
+
+def _slow_input(stage: Stage, name: str, seconds: float) -> str:
+    rows = np.ones((2, 2), dtype=np.float32)
+    rows[0, 0] = seconds
+    return stage.put_input(name, synthetic.encode_input(rows, "npy"))
+
+
+def test_sigterm_drains_started_work_releases_the_rest_and_exits_0(stage: Stage, model_path):
+    for i in range(3):
+        stage.send({"task_id": f"t{i}", "input": _slow_input(stage, f"t{i}.npy", 1.5)})
+    env = _env(stage, model_path, SQSINFER_PREFETCH="3")
+    process = _start(env)
+    _wait_ready(process, env["SQSINFER_HEALTH_PORT"])
+    _wait_until(lambda: stage.counts(stage.queue_url) == (0, 3))
+    time.sleep(0.3)  # the first task is computing, two wait for the process
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 0
+    lines = _lines(stderr)
+    assert _lifecycle(lines) == [
+        "starting",
+        "pool ready",
+        "ready",
+        "signal received",
+        "draining",
+        "stopped",
+    ]
+    draining = next(line for line in lines if line["msg"] == "draining")
+    assert (draining["in_flight"], draining["releasing"]) == (3, 2)
+    stopped = next(line for line in lines if line["msg"] == "stopped")
+    assert stopped["outcomes"] == {"committed": 1, "released": 2}
+    finished = [line for line in lines if line["msg"] == "task finished"]
+    assert sorted(line["outcome"] for line in finished) == ["committed", "released", "released"]
+    for line in finished:
+        assert {"task_id", "message_id", "receive_count", "outcome", "seconds", "phases"} <= set(
+            line
+        )
+    assert stage.counts(stage.queue_url) == (2, 0)  # handed back at once, not after a timeout
+
+
+def test_a_second_signal_skips_the_drain_and_still_releases(stage: Stage, model_path):
+    stage.send({"task_id": "long", "input": _slow_input(stage, "long.npy", 60)})
+    env = _env(stage, model_path, SQSINFER_DRAIN_DEADLINE_S="120")
+    process = _start(env)
+    _wait_ready(process, env["SQSINFER_HEALTH_PORT"])
+    _wait_until(lambda: stage.counts(stage.queue_url) == (0, 1))
+    time.sleep(0.3)
+    process.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=30)  # far below the 120 s drain deadline
+    assert process.returncode == 0
+    lines = _lines(stderr)
+    assert _lifecycle(lines) == [
+        "starting",
+        "pool ready",
+        "ready",
+        "signal received",
+        "draining",
+        "signal received",
+        "drain deadline passed, releasing",
+        "stopped",
+    ]
+    assert [line["forced"] for line in lines if line["msg"] == "signal received"] == [False, True]
+    assert next(line for line in lines if line["msg"] == "stopped")["outcomes"] == {"released": 1}
+    assert stage.counts(stage.queue_url) == (1, 0)
+
+
+def test_a_model_that_cannot_load_exits_1_with_the_reason(stage: Stage, tmp_path):
+    corrupt = tmp_path / "model.ubj"
+    corrupt.write_bytes(b"\x00 not a model")
+    env = _env(stage, str(corrupt), SQSINFER_HANDLER="sqsinfer.inference:XGBoostHandler")
+    result = subprocess.run(
+        [sys.executable, "-m", "sqsinfer", "worker"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert "cannot start: cannot load model " in result.stderr
+    assert "XGBoostError" in result.stderr
+
+
+@pytest.mark.parametrize("which", ["queue", "sha"])
+def test_start_up_problems_exit_1_naming_the_setting(stage: Stage, model_path, which):
+    extra = {
+        "queue": {"SQSINFER_QUEUE_URL": stage.queue_url + "-missing"},
+        "sha": {"SQSINFER_MODEL_SHA256": "0" * 64},
+    }[which]
+    result = subprocess.run(
+        [sys.executable, "-m", "sqsinfer", "worker"],
+        env=_env(stage, model_path, **extra),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 1
+    setting = {"queue": "SQSINFER_QUEUE_URL", "sha": "SQSINFER_MODEL_SHA256"}[which]
+    assert f"cannot start: {setting}" in result.stderr
