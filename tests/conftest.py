@@ -133,6 +133,7 @@ def make_settings(stage: Stage, model_path: str) -> Callable[..., Settings]:
             "health_host": "127.0.0.1",
             "health_port": "0",
             "retry_base_s": "1",
+            "task_time_s": "5",
             "drain_deadline_s": "10",
         }
         values.update({k: str(v) for k, v in overrides.items()})

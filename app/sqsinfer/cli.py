@@ -46,7 +46,7 @@ def run_async(main: Coroutine[Any, Any, int]) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from sqsinfer.inference import ModelLoadError
+    from sqsinfer.errors import ModelLoadError
     from sqsinfer.worker import StartupError, run_worker
 
     try:

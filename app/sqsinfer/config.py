@@ -22,7 +22,12 @@ from sqsinfer.messages import S3Uri, parse_prefixes, parse_s3_uri
 
 ENV_PREFIX = "SQSINFER_"
 DEFAULT_HANDLER = "sqsinfer.inference:XGBoostHandler"
-_SQS_MAX_VISIBILITY_S = 43_200
+_SQS_MAX_VISIBILITY_S = 43_200  # SQS caps a message's visibility at 12 hours
+# After the drain deadline, a commit already under way may take this long to land, and
+# then tasks still running are cancelled and their messages released within this long.
+COMMIT_GRACE_S = 10.0
+FORCED_RELEASE_S = 5.0
+_DRAIN_MARGIN_S = 10.0  # the derived drain: a task started just before SIGTERM, and its commit
 
 
 class ConfigError(Exception):
@@ -77,8 +82,15 @@ class Settings:
     )
     heartbeat_s: float = _opt(20.0, "how often in-flight messages are extended", float)
     wait_time_s: int = _opt(20, "long-poll wait of each receive (0-20)", int)
+    task_time_s: float = _opt(
+        60.0,
+        "the longest a task normally takes (its p99, fetch to commit); shutdown waits for it",
+        float,
+    )
     drain_deadline_s: float = _opt(
-        25.0, "on SIGTERM, how long in-flight tasks may finish (below the pod's grace)", float
+        0.0,
+        "on SIGTERM, how long started tasks may finish; 0 = task_time_s + 10 s",
+        float,
     )
     max_task_time_s: float = _opt(900.0, "a task running longer is abandoned and retried", float)
     chain_settle_s: float = _opt(
@@ -111,6 +123,11 @@ class Settings:
     def in_flight_limit(self) -> int:
         return self.processes * self.prefetch
 
+    @property
+    def shutdown_budget_s(self) -> float:
+        """The longest a worker takes from SIGTERM to exit: the pod's grace must exceed it."""
+        return self.drain_deadline_s + COMMIT_GRACE_S + FORCED_RELEASE_S
+
     # -- construction ---------------------------------------------------------------
     @classmethod
     def load(
@@ -141,6 +158,8 @@ class Settings:
             s = dataclasses.replace(s, processes=available_cpus())
         if not s.allowed_output_prefixes and s.output_prefix is not None:
             s = dataclasses.replace(s, allowed_output_prefixes=(s.output_prefix,))
+        if s.drain_deadline_s == 0:
+            s = dataclasses.replace(s, drain_deadline_s=s.task_time_s + _DRAIN_MARGIN_S)
         if not s.worker_id:
             s = dataclasses.replace(s, worker_id=socket.gethostname())
         for check in _CHECKS:
@@ -214,14 +233,16 @@ def _check_numbers(s: Settings, _: bool) -> None:
         "visibility_timeout_s",
         f"must be 1-{_SQS_MAX_VISIBILITY_S}",
     )
+    # The keeper extends what would lapse before the tick after next, so an extension
+    # starts at least one heartbeat before the lapse: a heartbeat is its margin.
     _require(
-        0 < s.heartbeat_s < s.visibility_timeout_s,
+        0 < s.heartbeat_s <= s.visibility_timeout_s / 3,
         "heartbeat_s",
-        f"must be above 0 and shorter than the visibility timeout ({s.visibility_timeout_s} s)",
+        f"must be above 0 and at most a third of the visibility timeout "
+        f"({s.visibility_timeout_s} s), so that each extension has a heartbeat of margin",
     )
     _require(0 <= s.wait_time_s <= 20, "wait_time_s", "must be 0-20")
-    _require(s.drain_deadline_s > 0, "drain_deadline_s", "must be above 0")
-    _require(s.max_task_time_s > 0, "max_task_time_s", "must be above 0")
+    _check_task_times(s)
     _require(s.chain_settle_s > 0, "chain_settle_s", "must be above 0")
     _require(0 < s.retry_base_s <= s.retry_max_s, "retry_base_s", "must be in (0, retry_max_s]")
     _require(
@@ -231,6 +252,22 @@ def _check_numbers(s: Settings, _: bool) -> None:
         _require(getattr(s, name) > 0, name, "must be above 0")
     _require(0 <= s.health_port <= 65535, "health_port", "must be 0-65535")
     _require(s.stall_s > s.wait_time_s, "stall_s", "must be longer than the receive wait")
+
+
+def _check_task_times(s: Settings) -> None:
+    _require(s.task_time_s > 0, "task_time_s", "must be above 0")
+    _require(
+        s.drain_deadline_s >= s.task_time_s,
+        "drain_deadline_s",
+        f"must be at least task_time_s ({s.task_time_s:g} s), or every shutdown throws away "
+        "the tasks started just before it; 0 derives it",
+    )
+    _require(
+        s.task_time_s <= s.max_task_time_s <= _SQS_MAX_VISIBILITY_S,
+        "max_task_time_s",
+        f"must be between task_time_s ({s.task_time_s:g} s) and SQS's visibility cap "
+        f"({_SQS_MAX_VISIBILITY_S} s)",
+    )
 
 
 def _check_logging(s: Settings, _: bool) -> None:

@@ -22,24 +22,10 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import orjson
 
+from sqsinfer.errors import InputError, ModelLoadError
+
 # Threads of native libraries must be pinned before they are imported in the child.
 _THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
-
-
-class InputError(Exception):
-    """A permanent problem with one task's input (the message is rejected).
-
-    Carries only strings so it pickles back to the parent unchanged.
-    """
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(reason, detail)
-        self.reason = reason
-        self.detail = detail
-
-
-class ModelLoadError(Exception):
-    """The model cannot be loaded: start-up stops with this message."""
 
 
 @runtime_checkable

@@ -25,7 +25,7 @@ import orjson
 
 from sqsinfer import inference
 from sqsinfer.config import Settings
-from sqsinfer.inference import InputError
+from sqsinfer.errors import InputError
 from sqsinfer.messages import (
     MessageRejected,
     MessageRules,

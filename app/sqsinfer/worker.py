@@ -22,8 +22,9 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from sqsinfer import config
 from sqsinfer.aws import Clients, open_clients
+from sqsinfer.errors import ModelLoadError
 from sqsinfer.health import HealthServer
-from sqsinfer.inference import ModelLoadError, file_sha256
+from sqsinfer.inference import file_sha256
 from sqsinfer.messages import MessageRules
 from sqsinfer.metrics import Metrics
 from sqsinfer.pipeline import Held, Pipeline
@@ -37,8 +38,6 @@ log = logging.getLogger("sqsinfer.worker")
 
 _RECEIVE_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 20.0)
 __all__ = ["StartupError", "Worker", "run_worker"]
-_COMMIT_GRACE_S = 10.0  # after the drain deadline, how long a commit already under way may take
-_FORCED_RELEASE_S = 5.0
 _IDLE_TICK_S = 1.0
 
 
@@ -275,12 +274,12 @@ class Worker:
         # Commits under way are idempotent and short: let them land rather than redo them.
         pending = list(self.held)
         if pending:
-            limit = _FORCED_RELEASE_S if self.force_exit else _COMMIT_GRACE_S
+            limit = config.FORCED_RELEASE_S if self.force_exit else config.COMMIT_GRACE_S
             _, still = await asyncio.wait(pending, timeout=limit)
             for task in still:
                 task.cancel()
             if still:
-                await asyncio.wait(still, timeout=_FORCED_RELEASE_S)
+                await asyncio.wait(still, timeout=config.FORCED_RELEASE_S)
 
     # -- health -----------------------------------------------------------------------
     def livez(self) -> tuple[bool, str]:

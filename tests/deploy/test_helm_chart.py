@@ -269,8 +269,9 @@ def test_values_and_schema_cover_every_setting() -> None:
 
 
 def test_chart_defaults_equal_worker_defaults() -> None:
-    """Settings the chart sets by default keep the worker's default, but two on purpose."""
-    on_purpose = {"model_path": "/models/model.ubj", "log_format": "json"}
+    """Settings the chart sets by default keep the worker's default, but three on purpose."""
+    # The chart states the drain (the worker derives it) so that its grace check has a number.
+    on_purpose = {"model_path": "/models/model.ubj", "log_format": "json", "drain_deadline_s": 70}
     defaults = {f.name: f.default for f in dataclasses.fields(Settings)}
     for name, value in chart_defaults()["worker"].items():
         if value in ("", None, []):
@@ -297,6 +298,8 @@ def full_worker_values(tmp_path: Path) -> dict[str, Any]:
         worker_id="w-1",
         processes=3,
         max_decoded_bytes=300_000_000,
+        task_time_s=20.0,
+        drain_deadline_s=25.0,
     )
     return values
 

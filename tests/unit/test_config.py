@@ -64,7 +64,18 @@ def test_available_cpus_respects_affinity():
         ({"SQSINFER_MODEL_SHA256": "abc"}, "SQSINFER_MODEL_SHA256"),
         ({"SQSINFER_HANDLER": "not a path"}, "SQSINFER_HANDLER"),
         ({"SQSINFER_LOG_LEVEL": "LOUD"}, "SQSINFER_LOG_LEVEL"),
-        ({"SQSINFER_DRAIN_DEADLINE_S": "0"}, "SQSINFER_DRAIN_DEADLINE_S"),
+        ({"SQSINFER_DRAIN_DEADLINE_S": "-1"}, "SQSINFER_DRAIN_DEADLINE_S"),
+        (
+            {"SQSINFER_DRAIN_DEADLINE_S": "30", "SQSINFER_TASK_TIME_S": "45"},
+            "SQSINFER_DRAIN_DEADLINE_S",
+        ),
+        ({"SQSINFER_TASK_TIME_S": "0"}, "SQSINFER_TASK_TIME_S"),
+        ({"SQSINFER_MAX_TASK_TIME_S": "50000"}, "SQSINFER_MAX_TASK_TIME_S"),
+        ({"SQSINFER_MAX_TASK_TIME_S": "30"}, "SQSINFER_MAX_TASK_TIME_S"),
+        (  # below the visibility, but no margin left for the extension call itself
+            {"SQSINFER_HEARTBEAT_S": "25", "SQSINFER_VISIBILITY_TIMEOUT_S": "30"},
+            "SQSINFER_HEARTBEAT_S",
+        ),
         ({"SQSINFER_HEALTH_PORT": "70000"}, "SQSINFER_HEALTH_PORT"),
         ({"SQSINFER_RETRY_BASE_S": "100", "SQSINFER_RETRY_MAX_S": "10"}, "SQSINFER_RETRY_BASE_S"),
     ],
@@ -87,6 +98,13 @@ def test_the_command_refuses_bad_settings_with_the_name_and_exit_code_2(env):
     )
     assert result.returncode == 2
     assert (
-        "SQSINFER_HEARTBEAT_S (--heartbeat-s): must be above 0 and shorter than the "
+        "SQSINFER_HEARTBEAT_S (--heartbeat-s): must be above 0 and at most a third of the "
         "visibility timeout (60 s)" in result.stderr
     )
+
+
+def test_the_drain_is_derived_from_the_task_time_when_unset(env):
+    settings = Settings.load(env | {"SQSINFER_TASK_TIME_S": "45"})
+    assert settings.drain_deadline_s == 55.0
+    assert settings.shutdown_budget_s == 55.0 + config.COMMIT_GRACE_S + config.FORCED_RELEASE_S
+    assert Settings.load(env | {"SQSINFER_DRAIN_DEADLINE_S": "80"}).drain_deadline_s == 80.0

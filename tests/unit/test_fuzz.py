@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sqsinfer import inference
-from sqsinfer.inference import InputError
+from sqsinfer.errors import InputError
 from sqsinfer.messages import (
     MessageRejected,
     MessageRules,

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from sqsinfer import inference
-from sqsinfer.inference import InputError
+from sqsinfer.errors import InputError
 from sqsinfer.lab import synthetic
 
 LIMIT = 1 << 20

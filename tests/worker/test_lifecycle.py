@@ -65,7 +65,9 @@ async def test_task_over_max_time_is_abandoned_and_its_process_replaced(
     stage: Stage, make_settings
 ):
     stage.send({"task_id": "stuck", "input": _input(stage, "stuck.npy", first_cell=30)})
-    settings = _scripted(make_settings, max_task_time_s=1, heartbeat_s=0.25, retry_base_s=60)
+    settings = _scripted(
+        make_settings, task_time_s=1, max_task_time_s=1, heartbeat_s=0.25, retry_base_s=60
+    )
     async with running(settings) as worker:
         first_pid = worker.pool.slots[0].pid
         await eventually(lambda: outcome_count(worker, "retried") == 1)
@@ -113,7 +115,7 @@ async def test_shutdown_finishes_started_work_and_releases_the_rest(stage: Stage
 
 async def test_drain_deadline_releases_work_still_running(stage: Stage, make_settings):
     stage.send({"task_id": "slow", "input": _input(stage, "slow.npy", first_cell=20)})
-    settings = _scripted(make_settings, drain_deadline_s=0.5)
+    settings = _scripted(make_settings, task_time_s=0.5, drain_deadline_s=0.5)
     async with running(settings) as worker:
         await eventually(lambda: worker.pool.slots[0].busy)
         pid = worker.pool.slots[0].pid

@@ -11,7 +11,7 @@ import pytest
 
 import tests.parent_only_marker  # noqa: F401  (a module only this process has)
 from sqsinfer import inference
-from sqsinfer.inference import ModelLoadError
+from sqsinfer.errors import ModelLoadError
 from sqsinfer.lab import synthetic
 from sqsinfer.pool import InferencePool, PoolConfig, PoolCrashed
 from tests import handlers
