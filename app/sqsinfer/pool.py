@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from sqsinfer import inference
+from sqsinfer.errors import ModelLoadError
 from sqsinfer.metrics import Metrics
 
 log = logging.getLogger("sqsinfer.pool")
@@ -84,7 +85,7 @@ class InferencePool:
     async def start(self) -> None:
         """Spawn every process, load the model and make one prediction in each.
 
-        Raises `inference.ModelLoadError` (or whatever the initializer raised) when a
+        Raises `ModelLoadError` (or whatever the initializer raised) when a
         process cannot load the model: start-up must stop, not limp on.
         """
         started = time.perf_counter()
@@ -114,7 +115,7 @@ class InferencePool:
             slot.executor, slot.pid = executor, int(info["pid"])
             break
         else:
-            raise inference.ModelLoadError(
+            raise ModelLoadError(
                 f"inference process died {_SPAWN_ATTEMPTS} times while loading "
                 f"{self.config.model_path} (out of memory?)"
             )
