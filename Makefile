@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-fast lint types pytest bench clean
+.PHONY: demo test test-fast lint types docs docs-settings pytest bench clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
@@ -27,7 +27,15 @@ types: $(BIN)/.installed
 pytest: $(BIN)/.installed
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
-test: lint types pytest
+# The documentation site, built strictly: a broken link or anchor fails the build.
+docs: $(BIN)/.installed
+	$(BIN)/mkdocs build --strict --site-dir $(VENV)/site
+
+# docs/settings.md is generated from the Settings dataclass (a test checks it is current).
+docs-settings: $(BIN)/.installed
+	$(BIN)/python -c 'from sqsinfer import config; print(config.reference_markdown(), end="")' > docs/settings.md
+
+test: lint types docs pytest
 
 # The inner loop: unit tests and the worker against moto, without ops, deploy and lab.
 test-fast: $(BIN)/.installed

@@ -344,3 +344,34 @@ def describe(s: Settings) -> dict[str, Any]:
             value = str(value)
         out[f.name] = value
     return out
+
+
+def _default_text(f: dataclasses.Field[Any]) -> str:
+    value = f.default
+    if value in ("", None, (), 0) and "required" in f.metadata["help"]:
+        return "(required)"
+    if value in ("", None, ()):
+        return "-"
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 2**20:
+        return f"{value} ({value / 2**20:g} MiB)"
+    return f"`{value}`"
+
+
+def reference_markdown() -> str:
+    """The settings reference page (docs/settings.md), generated so it cannot drift."""
+    lines = [
+        "# Settings",
+        "",
+        "Generated from `sqsinfer.config.Settings` by `make docs-settings`; a test fails",
+        "when this page and the code disagree. Every setting is an environment variable and",
+        "a flag of `sqsinfer worker` (flags win). A bad value stops start-up with a message",
+        "that names the setting.",
+        "",
+        "| environment variable | flag | default | meaning |",
+        "| --- | --- | --- | --- |",
+    ]
+    for f in fields(Settings):
+        flag = "--" + f.name.replace("_", "-")
+        help_text = f.metadata["help"].replace("|", "\\|")
+        lines.append(f"| `{env_name(f.name)}` | `{flag}` | {_default_text(f)} | {help_text} |")
+    return "\n".join(lines) + "\n"
