@@ -15,6 +15,8 @@ import time
 
 import numpy as np
 
+from sqsinfer import formats, inference
+
 KILL = -1.0
 
 
@@ -37,6 +39,12 @@ class FailingLoadHandler:
 
     def predict(self, array: np.ndarray) -> np.ndarray:  # pragma: no cover
         return array
+
+
+def predict_bytes(data: bytes, input_format: str, output_format: str) -> bytes:
+    """Run in a pool process: decode, predict and encode with the model it loaded."""
+    array = formats.decode(memoryview(data), input_format, 1 << 30)
+    return formats.encode(inference.loaded_handler().predict(array), output_format)
 
 
 def loaded_modules() -> list[str]:

@@ -18,10 +18,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from sqsinfer import formats, handlers
 from sqsinfer.messages import S3Uri, parse_prefixes, parse_s3_uri
 
 ENV_PREFIX = "SQSINFER_"
-DEFAULT_HANDLER = "sqsinfer.inference:XGBoostHandler"
 _SQS_MAX_VISIBILITY_S = 43_200  # SQS caps a message's visibility at 12 hours
 # After the drain deadline, a commit already under way may take this long to land, and
 # then tasks still running are cancelled and their messages released within this long.
@@ -63,7 +63,9 @@ class Settings:
     next_queue_url: str = _opt("", "queue of the next stage; each output is handed on there")
     model_path: str = _opt("", "model file (.ubj or .json for XGBoost) (required)")
     model_sha256: str = _opt("", "refuse to start unless the model file has this sha256")
-    handler: str = _opt(DEFAULT_HANDLER, "model handler, as module:Class (load/predict)")
+    handler: str = _opt(
+        handlers.DEFAULT, "model handler: a short name (xgboost) or package.module:Class"
+    )
     allowed_input_prefixes: tuple[S3Uri, ...] = _opt(
         (), "comma-separated s3:// prefixes inputs may be read from (required)", None
     )
@@ -205,7 +207,11 @@ def _check_required(s: Settings, require_queue: bool) -> None:
 
 
 def _check_outputs(s: Settings, _: bool) -> None:
-    _require(s.output_format in ("npy", "json"), "output_format", "must be npy or json")
+    _require(
+        s.output_format in formats.OUTPUT_NAMES,
+        "output_format",
+        "must be one of " + ", ".join(formats.OUTPUT_NAMES),
+    )
     if s.output_prefix is not None:
         _require(
             any(s.output_prefix.within(p) for p in s.allowed_output_prefixes),
@@ -218,9 +224,10 @@ def _check_outputs(s: Settings, _: bool) -> None:
         "must be 64 lower-case hex digits",
     )
     _require(
-        re.fullmatch(r"[A-Za-z_][\w.]*[:.][A-Za-z_]\w*", s.handler) is not None,
+        s.handler in handlers.REGISTRY
+        or re.fullmatch(r"[A-Za-z_][\w.]*[:.][A-Za-z_]\w*", s.handler) is not None,
         "handler",
-        "must be a dotted path such as package.module:Class",
+        f"must be one of {', '.join(handlers.REGISTRY)} or a path such as package.module:Class",
     )
 
 

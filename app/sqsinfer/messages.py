@@ -12,9 +12,7 @@ from typing import Any
 
 import orjson
 
-# Input formats by key suffix; outputs are written as .npy or .json only.
-INPUT_FORMATS = {".npy": "npy", ".json": "json", ".jsonl": "jsonl", ".csv": "csv"}
-OUTPUT_FORMATS = {".npy": "npy", ".json": "json"}
+from sqsinfer import formats
 
 # A task id becomes part of an S3 key, so it is held to a conservative alphabet.
 _TASK_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-/=:@+]{0,511}$")
@@ -165,12 +163,12 @@ def parse_task(body: str | bytes, rules: MessageRules) -> Task:
     source = _field_uri(doc, "input")
     if not any(source.within(p) for p in rules.allowed_input_prefixes):
         raise MessageRejected("input_not_allowed", f"{source} is outside the allowed prefixes")
-    input_format = INPUT_FORMATS.get(source.suffix)
+    input_format = formats.for_input(source.suffix)
     if input_format is None:
         raise MessageRejected(
             "unsupported_format",
             f"input suffix {source.suffix or '(none)'!r}; expected one of "
-            + ", ".join(INPUT_FORMATS),
+            + ", ".join(formats.INPUT_SUFFIXES),
         )
     if doc.get("output") is None:
         target = rules.output_prefix.child(task_id + rules.output_suffix)
@@ -178,16 +176,17 @@ def parse_task(body: str | bytes, rules: MessageRules) -> Task:
         target = _field_uri(doc, "output")
         if not any(target.within(p) for p in rules.allowed_output_prefixes):
             raise MessageRejected("output_not_allowed", f"{target} is outside the allowed prefixes")
-    output_format = OUTPUT_FORMATS.get(target.suffix)
+    output_format = formats.for_output(target.suffix)
     if output_format is None:
         raise MessageRejected(
             "unsupported_format",
-            f"output suffix {target.suffix or '(none)'!r}; expected .npy or .json",
+            f"output suffix {target.suffix or '(none)'!r}; expected one of "
+            + ", ".join(formats.OUTPUT_SUFFIXES),
         )
     params = doc.get("params", {})
     if not isinstance(params, dict):
         raise MessageRejected("invalid_field", "params must be a JSON object")
-    return Task(task_id, source, target, input_format, output_format, params)
+    return Task(task_id, source, target, input_format.name, output_format.name, params)
 
 
 def next_stage_body(task: Task) -> bytes:

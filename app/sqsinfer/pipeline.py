@@ -23,7 +23,7 @@ from typing import Any
 
 import orjson
 
-from sqsinfer import inference
+from sqsinfer import formats, inference
 from sqsinfer.config import Settings
 from sqsinfer.errors import InputError
 from sqsinfer.messages import (
@@ -42,7 +42,6 @@ from sqsinfer.storage import Storage, error_code
 log = logging.getLogger("sqsinfer.task")
 
 CHAIN_MARKER_SUFFIX = ".chain"
-_CONTENT_TYPES = {"npy": "application/x-npy", "json": "application/json"}
 # Phases after which shutdown lets a task finish instead of releasing its message.
 STARTED_PHASES = frozenset({"infer", "commit", "done"})
 
@@ -153,7 +152,9 @@ class Pipeline:
 
     async def _commit(self, held: Held, task: Task, body: bytes) -> bool:
         """The conditional put of the output. True when this delivery's write stands."""
-        return await self._put_first(held, task.output, body, _CONTENT_TYPES[task.output_format])
+        return await self._put_first(
+            held, task.output, body, formats.named(task.output_format).content_type
+        )
 
     async def _put_first(self, held: Held, uri: S3Uri, body: bytes, content_type: str) -> bool:
         """Write unless the object exists. True when the object that stands is ours."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sqsinfer.inference import XGBoostHandler
+from sqsinfer.handlers.xgboost_impl import XGBoostHandler
 from sqsinfer.lab import synthetic
 from sqsinfer.lab.faults import FaultPlan, FaultProxy, classify
 from tests.conftest import N_FEATURES, Stage, eventually, outcome_count, running

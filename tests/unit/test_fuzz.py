@@ -16,7 +16,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sqsinfer import inference
+from sqsinfer import formats
 from sqsinfer.errors import InputError
 from sqsinfer.messages import (
     MessageRejected,
@@ -117,7 +117,7 @@ def test_pathological_bodies():
 
 def decode_or_reject(data: bytes, fmt: str) -> None:
     try:
-        array = inference.decode(memoryview(data), fmt, MAX_DECODED)
+        array = formats.decode(memoryview(data), fmt, MAX_DECODED)
     except InputError as rejected:
         assert rejected.reason in ("undecodable_input", "input_too_large")
         CASES["input rejected"] += 1
@@ -171,7 +171,7 @@ def test_decoded_arrays_are_bounded_before_they_are_built():
     huge_header = _npy(np.zeros((1, 1), np.float32)).replace(b"(1, 1)", b"(99999999, 999)")
     with_data = huge_header + b"\x00" * 64
     try:
-        inference.decode(memoryview(with_data), "npy", MAX_DECODED)
+        formats.decode(memoryview(with_data), "npy", MAX_DECODED)
     except InputError as rejected:
         assert rejected.reason == "input_too_large"
     else:

@@ -7,15 +7,16 @@ import io
 import numpy as np
 import pytest
 
-from sqsinfer import inference
+from sqsinfer import formats, inference
 from sqsinfer.errors import InputError
+from sqsinfer.handlers.xgboost_impl import XGBoostHandler
 from sqsinfer.lab import synthetic
 
 LIMIT = 1 << 20
 
 
 def decode(data: bytes, fmt: str) -> np.ndarray:
-    return inference.decode(memoryview(data), fmt, LIMIT)
+    return formats.decode(memoryview(data), fmt, LIMIT)
 
 
 @pytest.mark.parametrize("fmt", ["npy", "json", "jsonl", "csv"])
@@ -71,18 +72,18 @@ def test_decoded_size_is_bounded():
 
 
 def test_outputs_are_rows_by_outputs():
-    assert synthetic.decode_output(inference.encode(np.array([1.0, 2.0]), "npy"), "npy").shape == (
+    assert synthetic.decode_output(formats.encode(np.array([1.0, 2.0]), "npy"), "npy").shape == (
         2,
         1,
     )
-    assert inference.encode(np.array([[1.5], [2.5]], dtype=np.float32), "json") == b"[[1.5],[2.5]]"
+    assert formats.encode(np.array([[1.5], [2.5]], dtype=np.float32), "json") == b"[[1.5],[2.5]]"
 
 
 def test_xgboost_handler_checks_the_feature_count(model_path):
-    handler = inference.XGBoostHandler()
+    handler = XGBoostHandler()
     handler.load(model_path, 1)
     with pytest.raises(InputError) as caught:
         handler.predict(np.zeros((2, handler.n_features + 1), dtype=np.float32))
     assert caught.value.reason == "wrong_feature_count"
     with pytest.raises(inference.ModelLoadError):
-        inference.XGBoostHandler().load(model_path.replace(".ubj", ".pkl"), 1)
+        XGBoostHandler().load(model_path.replace(".ubj", ".pkl"), 1)

@@ -21,7 +21,7 @@ from tests.conftest import sample
 def _config(model_path: str, processes: int = 1, **kw) -> PoolConfig:
     values = dict(
         processes=processes,
-        handler="sqsinfer.inference:XGBoostHandler",
+        handler="xgboost",
         model_path=model_path,
         threads=1,
         model_sha256="",
@@ -52,7 +52,7 @@ async def test_processes_are_spawned_not_forked_even_after_the_parent_used_xgboo
         rows = synthetic.make_rows(4, booster.num_features(), seed=5)
         async with pool.lease() as lease:
             out = await lease.run(
-                inference.predict_bytes, synthetic.encode_input(rows, "npy"), "npy", "npy"
+                handlers.predict_bytes, synthetic.encode_input(rows, "npy"), "npy", "npy"
             )
         np.testing.assert_allclose(
             synthetic.decode_output(out, "npy").ravel(), booster.inplace_predict(rows), rtol=1e-6
@@ -68,7 +68,7 @@ async def test_a_model_that_fails_to_load_stops_start_up(tmp_path, model_path):
     pool = InferencePool(_config(str(corrupt)))
     with pytest.raises(
         ModelLoadError,
-        match=r"cannot load model .*corrupt.ubj with sqsinfer.inference:XGBoostHandler: XGBoostE",
+        match=r"cannot load model .*corrupt.ubj with xgboost: XGBoostError",
     ):
         await pool.start()
     failing = InferencePool(_config(model_path, handler="tests.handlers:FailingLoadHandler"))
@@ -94,7 +94,7 @@ async def test_a_crash_costs_only_the_task_on_that_process(model_path):
     async def run(rows: np.ndarray) -> bytes:
         async with pool.lease() as lease:
             return await lease.run(
-                inference.predict_bytes, synthetic.encode_input(rows, "npy"), "npy", "npy"
+                handlers.predict_bytes, synthetic.encode_input(rows, "npy"), "npy", "npy"
             )
 
     try:
@@ -123,7 +123,7 @@ async def test_cancelling_a_task_kills_its_process_and_restarts_it(model_path):
     async def run() -> bytes:
         async with pool.lease() as lease:
             return await lease.run(
-                inference.predict_bytes, synthetic.encode_input(rows, "npy"), "npy", "npy"
+                handlers.predict_bytes, synthetic.encode_input(rows, "npy"), "npy", "npy"
             )
 
     task = asyncio.create_task(run())
@@ -152,7 +152,7 @@ async def test_a_process_killed_while_idle_costs_no_task(model_path):
         rows = synthetic.make_rows(2, 8, seed=1)
         async with pool.lease() as lease:  # finds it dead, waits for the restart
             out = await lease.run(
-                inference.predict_bytes, synthetic.encode_input(rows, "npy"), "npy", "npy"
+                handlers.predict_bytes, synthetic.encode_input(rows, "npy"), "npy", "npy"
             )
         assert synthetic.decode_output(out, "npy").shape == (2, 1)
         assert sample(pool.metrics, "sqsinfer_pool_rebuilds_total") == 1

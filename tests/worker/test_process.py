@@ -144,7 +144,7 @@ def test_a_second_signal_skips_the_drain_and_still_releases(stage: Stage, model_
 def test_a_model_that_cannot_load_exits_1_with_the_reason(stage: Stage, tmp_path):
     corrupt = tmp_path / "model.ubj"
     corrupt.write_bytes(b"\x00 not a model")
-    env = _env(stage, str(corrupt), SQSINFER_HANDLER="sqsinfer.inference:XGBoostHandler")
+    env = _env(stage, str(corrupt), SQSINFER_HANDLER="xgboost")
     result = subprocess.run(
         [sys.executable, "-m", "sqsinfer", "worker"],
         env=env,

@@ -109,7 +109,7 @@ async def _time_method(
 def _pool_config(model_path: str, processes: int) -> PoolConfig:
     return PoolConfig(
         processes=processes,
-        handler="sqsinfer.inference:XGBoostHandler",
+        handler="xgboost",
         model_path=model_path,
         threads=1,
         model_sha256="",

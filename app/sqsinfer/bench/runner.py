@@ -161,7 +161,7 @@ def _child_config(ctx: Context, name: str, res: emulator.Resources | None) -> di
     return {
         "processes": ctx.processes,
         "threads": ctx.threads,
-        "handler": "sqsinfer.inference:XGBoostHandler",
+        "handler": "xgboost",
         "model_path": ctx.model_path,
         "regime": ctx.regime.describe(),
         "seed": ctx.seed,

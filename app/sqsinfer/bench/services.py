@@ -26,6 +26,7 @@ import numpy as np
 import orjson
 from aiohttp import web
 
+from sqsinfer import formats
 from sqsinfer.aws import open_clients
 from sqsinfer.bench.child import SPAWN, emit, pin_threads, regime_of, task_finished
 from sqsinfer.cli import run_async
@@ -246,7 +247,9 @@ class CallsOnly:
         shared.close()
         t2 = time.perf_counter()
         meta = {"task-id": task.task_id}
-        await self.storage.put_if_absent(task.output, self.output, meta, "application/x-npy")
+        await self.storage.put_if_absent(
+            task.output, self.output, meta, formats.named("npy").content_type
+        )
         t3 = time.perf_counter()
         await self.queue.delete(message)
         t4 = time.perf_counter()

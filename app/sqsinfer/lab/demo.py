@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from sqsinfer.inference import XGBoostHandler
+from sqsinfer.handlers.xgboost_impl import XGBoostHandler
 from sqsinfer.lab import standin, synthetic
 from sqsinfer.queue import REASON_ATTR
 

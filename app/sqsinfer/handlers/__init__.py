@@ -1,0 +1,57 @@
+"""Model handlers: the contract a model plugs in by, and the registry of short names.
+
+A setting names a handler either by a short name from `REGISTRY` (`xgboost`) or as
+`package.module:Class`. The class is imported and instantiated in each spawned
+inference process, never in the worker's own process, so a handler must load its
+model in `load()`, not at import time.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from sqsinfer.errors import ModelLoadError
+
+if TYPE_CHECKING:
+    import numpy as np
+
+# Short names, in the manner of uvicorn's protocol registries: a name maps to an
+# import path, so a handler's dependencies are imported only when it is chosen.
+REGISTRY: dict[str, str] = {
+    "xgboost": "sqsinfer.handlers.xgboost_impl:XGBoostHandler",
+}
+DEFAULT = "xgboost"
+
+
+@runtime_checkable
+class Handler(Protocol):
+    """What a model plugs in as. One instance per process, loaded once.
+
+    `load` receives the model file and the thread count; `predict` takes a 2-D float
+    array and returns a numeric array with one row per input row. Raise `InputError`
+    from `predict` for inputs the model cannot take (e.g. the wrong number of features).
+    """
+
+    def load(self, model_path: str, threads: int) -> None: ...
+
+    def predict(self, array: np.ndarray) -> np.ndarray: ...
+
+
+def resolve(name: str) -> str:
+    """The import path `module:Class` of a handler given by short name or by path."""
+    return REGISTRY.get(name, name)
+
+
+def import_handler(name: str) -> Handler:
+    """Import and instantiate a handler (in the process that will run it)."""
+    path = resolve(name)
+    module_name, _, attr = path.replace(":", ".").rpartition(".")
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ModelLoadError(f"handler {name!r} cannot be imported: {exc}") from exc
+    handler = factory()
+    if not isinstance(handler, Handler):
+        raise ModelLoadError(f"handler {name!r} has no load()/predict()")
+    return handler

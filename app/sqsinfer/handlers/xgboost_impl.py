@@ -1,0 +1,35 @@
+"""The default handler: an XGBoost Booster from `.ubj` or `.json`, `inplace_predict`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from sqsinfer.errors import InputError, ModelLoadError
+
+
+class XGBoostHandler:
+    def __init__(self) -> None:
+        self.booster: Any = None
+        self.n_features = 0
+
+    def load(self, model_path: str, threads: int) -> None:
+        import xgboost
+
+        if not model_path.endswith((".ubj", ".json")):
+            raise ModelLoadError(f"XGBoost model must be .ubj or .json, got {model_path}")
+        booster = xgboost.Booster()
+        booster.load_model(model_path)  # UBJSON/JSON parser only: never pickle
+        booster.set_param({"nthread": threads})
+        self.booster = booster
+        self.n_features = booster.num_features()
+
+    def predict(self, array: np.ndarray) -> np.ndarray:
+        if array.shape[1] != self.n_features:
+            raise InputError(
+                "wrong_feature_count",
+                f"input has {array.shape[1]} columns, model takes {self.n_features}",
+            )
+        # inplace_predict skips the DMatrix copy and releases the GIL.
+        return np.asarray(self.booster.inplace_predict(array, validate_features=False))
