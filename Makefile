@@ -20,6 +20,7 @@ demo: $(BIN)/.installed
 lint: $(BIN)/.installed
 	$(BIN)/ruff check app tests
 	$(BIN)/ruff format --check app tests
+	$(BIN)/lint-imports
 
 types: $(BIN)/.installed
 	$(BIN)/mypy

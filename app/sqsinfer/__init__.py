@@ -1,3 +1,13 @@
-"""sqsinfer: a batch ML inference worker. SQS in, S3 out, a spawn pool of models between."""
+"""sqsinfer: a batch ML inference worker. SQS in, S3 out, a spawn pool of models between.
+
+The names a model handler needs, importable without the AWS SDK (spawned inference
+processes import this package and must stay light):
+
+    from sqsinfer import Handler, InputError, ModelLoadError
+"""
+
+from sqsinfer.errors import InputError, ModelLoadError
+from sqsinfer.handlers import Handler
 
 __version__ = "0.1.0"
+__all__ = ["Handler", "InputError", "ModelLoadError", "__version__"]

@@ -1,4 +1,4 @@
-"""One aioboto3 session, long-lived S3 and SQS clients with a pool sized to the work."""
+"""AWS: one aioboto3 session, long-lived S3 and SQS clients, and reading error codes."""
 
 from __future__ import annotations
 
@@ -9,9 +9,22 @@ from typing import Any
 
 import aioboto3
 from aiobotocore.config import AioConfig
+from botocore.exceptions import ClientError
 
 # Connections beyond the in-flight bound: the keeper, the receive loop, DLQ and chain sends.
 _SPARE_CONNECTIONS = 8
+
+
+def error_code(exc: BaseException) -> str:
+    if isinstance(exc, ClientError):
+        return str(exc.response.get("Error", {}).get("Code", ""))
+    return ""
+
+
+def http_status(exc: BaseException) -> int:
+    if isinstance(exc, ClientError):
+        return int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
+    return 0
 
 
 @dataclass

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import sys
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from sqsinfer import config, logs
 from sqsinfer.bench import add_parser as add_bench
 from sqsinfer.ops import add_enqueue, add_plan, add_redrive, add_status
+from sqsinfer.runtime import run_async
 
 log = logging.getLogger("sqsinfer")
 
@@ -33,16 +33,6 @@ Runs a two-stage chain end to end on a local moto server, with no AWS account:
   sqsinfer demo --tasks 1000 --processes 2
 Exits non-zero if any valid task lacks its outputs or any bad one is missing from the DLQ.
 """
-
-
-def run_async(main: Coroutine[Any, Any, int]) -> int:
-    """Run on uvloop where it is installed: its loop is markedly cheaper per I/O call."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(main)
-    result: int = uvloop.run(main)
-    return result
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -126,13 +116,41 @@ COMMANDS: list[Callable[[Any], None]] = [
 ]
 
 
+# How `sqsinfer --help` groups the commands, by what they are for.
+GROUPS: dict[str, tuple[str, ...]] = {
+    "run": ("worker",),
+    "operate": ("enqueue", "status", "redrive", "plan"),
+    "prove": ("demo", "chaos", "faultproxy", "bench", "soak"),
+}
+
+
+def _grouped_help(sub: Any) -> str:
+    # argparse keeps one pseudo-action per sub-command, carrying its help line.
+    helps = {action.dest: action.help or "" for action in sub._choices_actions}
+    width = max(map(len, helps)) + 2
+    grouped = {name for names in GROUPS.values() for name in names}
+    sections = [*GROUPS.items(), ("other", tuple(sorted(set(helps) - grouped)))]
+    lines: list[str] = []
+    for group, names in sections:
+        known = [name for name in names if name in helps]
+        if known:
+            lines += [f"{group}:", *(f"  {name:<{width}}{helps[name]}" for name in known), ""]
+    return "\n".join(lines) + "Run `sqsinfer COMMAND --help` for a command's options."
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="sqsinfer", description="Batch ML inference: SQS in, S3 out, a spawn pool between."
+        prog="sqsinfer",
+        usage="sqsinfer [-h] COMMAND ...",
+        description="Batch ML inference: SQS in, S3 out, a spawn pool between.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", help=argparse.SUPPRESS
+    )
     for add in COMMANDS:
         add(sub)
+    parser.epilog = _grouped_help(sub)
     return parser
 
 

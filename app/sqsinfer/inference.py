@@ -23,7 +23,7 @@ from sqsinfer.errors import InputError, ModelLoadError
 from sqsinfer.handlers import Handler, import_handler
 
 # Threads of native libraries must be pinned before they are imported in the child.
-_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 def file_sha256(path: str) -> str:
@@ -52,7 +52,7 @@ def init_process(
 ) -> None:
     """Pool initializer: pin threads, check the model's hash, load it once."""
     global _STATE  # noqa: PLW0603 - one model per process is the point
-    for var in _THREAD_VARS:
+    for var in THREAD_VARS:
         os.environ[var] = str(threads)
     if expected_sha256:
         actual = file_sha256(model_path)

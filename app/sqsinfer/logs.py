@@ -37,7 +37,7 @@ class JsonFormatter(logging.Formatter):
         doc.update(record_fields(record))
         if record.exc_info:
             doc["exc"] = self.formatException(record.exc_info)
-        return orjson.dumps(doc, default=str).decode()
+        return orjson.dumps(doc, default=str, option=orjson.OPT_NON_STR_KEYS).decode()
 
 
 class ConsoleFormatter(logging.Formatter):

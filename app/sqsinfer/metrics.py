@@ -7,11 +7,25 @@ can live in one process (tests, benchmarks) without their counts mixing.
 from __future__ import annotations
 
 import collections
+from enum import StrEnum
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-OUTCOMES = ("committed", "duplicate", "rejected", "retried", "released")
-PHASES = ("receive", "s3_get", "wait_process", "handoff", "decode", "infer", "commit", "chain")
+from sqsinfer.outcomes import Outcome
+
+
+class Phase(StrEnum):
+    """A timed part of a message's life: the `phase` label of sqsinfer_phase_seconds."""
+
+    RECEIVE = "receive"
+    S3_GET = "s3_get"
+    WAIT_PROCESS = "wait_process"
+    HANDOFF = "handoff"
+    DECODE = "decode"
+    INFER = "infer"
+    COMMIT = "commit"
+    CHAIN = "chain"
+
 
 # Phases from about a millisecond (a HEAD on a local endpoint) to many minutes of compute.
 _BUCKETS_S = (
@@ -82,15 +96,15 @@ class Metrics:
             "sqsinfer_aws_errors", "Failed AWS calls, by operation", ["operation"], registry=r
         )
         self.outcomes: collections.Counter[str] = collections.Counter()
-        for outcome in OUTCOMES:
+        for outcome in Outcome:
             self.tasks.labels(outcome)  # every outcome shows 0 before it first happens
-        for phase in PHASES:
+        for phase in Phase:
             self.phase_seconds.labels(phase)
 
-    def observe(self, phase: str, seconds: float) -> None:
+    def observe(self, phase: Phase, seconds: float) -> None:
         self.phase_seconds.labels(phase).observe(seconds)
 
-    def outcome(self, outcome: str, seconds: float) -> None:
+    def outcome(self, outcome: Outcome, seconds: float) -> None:
         self.tasks.labels(outcome).inc()
         self.task_seconds.labels(outcome).observe(seconds)
         self.outcomes[outcome] += 1

@@ -15,15 +15,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import random
 import time
 import uuid
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 import orjson
 
-from sqsinfer import formats, inference
+from sqsinfer import backoff, formats, inference
+from sqsinfer.aws import error_code
 from sqsinfer.config import Settings
 from sqsinfer.errors import InputError
 from sqsinfer.messages import (
@@ -34,16 +35,31 @@ from sqsinfer.messages import (
     next_stage_body,
     parse_task,
 )
-from sqsinfer.metrics import Metrics
+from sqsinfer.metrics import Metrics, Phase
+from sqsinfer.outcomes import Outcome
 from sqsinfer.pool import InferencePool
 from sqsinfer.queue import Message, Sender, SqsQueue, dead_letter_attributes
-from sqsinfer.storage import Storage, error_code
+from sqsinfer.storage import Storage
 
 log = logging.getLogger("sqsinfer.task")
 
 CHAIN_MARKER_SUFFIX = ".chain"
-# Phases after which shutdown lets a task finish instead of releasing its message.
-STARTED_PHASES = frozenset({"infer", "commit", "done"})
+
+
+class Step(StrEnum):
+    """How far a held message's task has come (the worker's shutdown reads it)."""
+
+    RECEIVED = "received"
+    CHECKING = "checking"
+    FETCHING = "fetching"
+    WAITING = "waiting"  # for an idle inference process
+    COMPUTING = "computing"
+    COMMITTING = "committing"
+    SETTLED = "settled"  # its outcome is decided and its message handed back or deleted
+
+
+# Steps after which shutdown lets a task finish instead of releasing its message.
+STARTED_STEPS = frozenset({Step.COMPUTING, Step.COMMITTING, Step.SETTLED})
 
 
 class ChainPending(Exception):
@@ -59,23 +75,23 @@ class Held:
     """A message this worker holds, and how far its task has come."""
 
     message: Message
-    phase: str = "received"
+    step: Step = Step.RECEIVED
     task: Task | None = None
     expired: bool = False
-    outcome: str | None = None
+    outcome: Outcome | None = None
     reason: str = ""
     timings: dict[str, float] = field(default_factory=dict)
     delivery_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     @property
     def started(self) -> bool:
-        return self.phase in STARTED_PHASES
+        return self.step in STARTED_STEPS
 
 
 class Timer:
     """Measures one phase into the held task's timings and the phase histogram."""
 
-    def __init__(self, held: Held, metrics: Metrics, phase: str) -> None:
+    def __init__(self, held: Held, metrics: Metrics, phase: Phase) -> None:
         self.held, self.metrics, self.phase = held, metrics, phase
 
     def __enter__(self) -> None:
@@ -85,7 +101,7 @@ class Timer:
         self.record(time.perf_counter() - self.started)
 
     def record(self, seconds: float) -> None:
-        self.held.timings[self.phase] = round(seconds, 6)
+        self.held.timings[self.phase.value] = round(seconds, 6)
         self.metrics.observe(self.phase, seconds)
 
 
@@ -107,18 +123,18 @@ class Pipeline:
     model_sha256: str
 
     # -- the whole life of one message ------------------------------------------------
-    async def handle(self, held: Held) -> str:
+    async def handle(self, held: Held) -> Outcome:
         """Run the task and settle the message. Never raises, except a second cancel."""
         try:
             outcome = await self._process(held)
         except asyncio.CancelledError:
-            outcome = held.outcome or ("retried" if held.expired else "released")
+            outcome = held.outcome or (Outcome.RETRIED if held.expired else Outcome.RELEASED)
             # The message must still be handed back even though this task was cancelled.
             await asyncio.shield(self._settle_cancelled(held, outcome))
         self._record(held, outcome)
         return outcome
 
-    async def _process(self, held: Held) -> str:
+    async def _process(self, held: Held) -> Outcome:
         try:
             try:
                 held.task = parse_task(held.message.body, self.rules)
@@ -133,22 +149,22 @@ class Pipeline:
             log.warning("task failed, will retry: %s", exc, extra=self._ids(held))
             return await self._retry(held)
 
-    async def _run(self, held: Held, task: Task) -> str:
-        held.phase = "check"
+    async def _run(self, held: Held, task: Task) -> Outcome:
+        held.step = Step.CHECKING
         existing = await self.storage.head(task.output)
         if existing is not None:
             await self._chain(held, task, won=False, output_age_s=existing.age_s)
-            return await self._finish(held, "duplicate")
-        held.phase = "fetch"
-        with Timer(held, self.metrics, "s3_get"):
+            return await self._finish(held, Outcome.DUPLICATE)
+        held.step = Step.FETCHING
+        with Timer(held, self.metrics, Phase.S3_GET):
             shared = await self.storage.get_shared(task.input, self.settings.max_input_bytes)
         with shared:
             result = await self._infer(held, task, shared.name, shared.size)
-        held.phase = "commit"
-        with Timer(held, self.metrics, "commit"):
+        held.step = Step.COMMITTING
+        with Timer(held, self.metrics, Phase.COMMIT):
             won = await self._commit(held, task, result["body"])
         await self._chain(held, task, won=won)  # a 412 means the other writer is alive just now
-        return await self._finish(held, "committed" if won else "duplicate")
+        return await self._finish(held, Outcome.COMMITTED if won else Outcome.DUPLICATE)
 
     async def _commit(self, held: Held, task: Task, body: bytes) -> bool:
         """The conditional put of the output. True when this delivery's write stands."""
@@ -166,21 +182,21 @@ class Pipeline:
         return existing is not None and existing.metadata.get("delivery") == held.delivery_id
 
     async def _infer(self, held: Held, task: Task, shm_name: str, size: int) -> dict[str, Any]:
-        held.phase = "wait"
+        held.step = Step.WAITING
         waited = time.perf_counter()
         async with self.pool.lease() as lease:
-            Timer(held, self.metrics, "wait_process").record(time.perf_counter() - waited)
-            held.phase = "infer"
+            Timer(held, self.metrics, Phase.WAIT_PROCESS).record(time.perf_counter() - waited)
+            held.step = Step.COMPUTING
             began = time.perf_counter()
             result = await lease.run(
                 inference.run_task, shm_name, size, task.input_format, task.output_format
             )
         total = time.perf_counter() - began
-        for phase in ("decode", "infer"):
+        for phase in (Phase.DECODE, Phase.INFER):
             Timer(held, self.metrics, phase).record(result[f"{phase}_s"])
         # What the child did not account for is the cost of handing work over and back.
         spent = result["decode_s"] + result["infer_s"] + result["encode_s"]
-        Timer(held, self.metrics, "handoff").record(max(0.0, total - spent))
+        Timer(held, self.metrics, Phase.HANDOFF).record(max(0.0, total - spent))
         self.metrics.rows.inc(result["rows"])
         return result
 
@@ -199,9 +215,9 @@ class Pipeline:
         """
         if self.next_stage is None:
             return
-        held.phase = "commit"
+        held.step = Step.COMMITTING
         marker = chain_marker(task.output)
-        with Timer(held, self.metrics, "chain"):
+        with Timer(held, self.metrics, Phase.CHAIN):
             if not won:
                 if await self.storage.head(marker) is not None:
                     return
@@ -215,30 +231,30 @@ class Pipeline:
             log.warning("next stage sent twice", extra=self._ids(held))
 
     # -- outcomes ---------------------------------------------------------------------
-    async def _finish(self, held: Held, outcome: str) -> str:
+    async def _finish(self, held: Held, outcome: Outcome) -> Outcome:
         held.outcome = outcome
-        held.phase = "done"
+        held.step = Step.SETTLED
         deleted = await asyncio.shield(self.queue.delete(held.message))
         if not deleted:  # it will come back, find its output and end as a duplicate
             log.warning("delete not confirmed", extra=self._ids(held))
         return outcome
 
-    async def _reject(self, held: Held, reason: str, detail: str) -> str:
+    async def _reject(self, held: Held, reason: str, detail: str) -> Outcome:
         held.reason = reason
         attributes = dead_letter_attributes(held.message, reason, detail, self.queue.url)
         # Copy first, delete second: a crash in between leaves a copy, never nothing.
         await asyncio.shield(self.dead_letters.send(held.message.body, attributes))
         self.metrics.rejections.labels(reason).inc()
         log.info("message rejected: %s", detail, extra=self._ids(held))
-        return await self._finish(held, "rejected")
+        return await self._finish(held, Outcome.REJECTED)
 
     def retry_delay_s(self, receive_count: int) -> int:
+        """The visibility delay of a retry: doubles with each receive of the message."""
         s = self.settings
-        delay = min(s.retry_max_s, s.retry_base_s * 2 ** max(0, receive_count - 1))
-        return int(delay * random.uniform(0.8, 1.0)) or 1
+        return max(1, int(backoff.delay_s(receive_count - 1, s.retry_base_s, s.retry_max_s)))
 
-    async def _retry(self, held: Held, delay_s: float | None = None) -> str:
-        held.outcome = "retried"
+    async def _retry(self, held: Held, delay_s: float | None = None) -> Outcome:
+        held.outcome = Outcome.RETRIED
         if delay_s is None:
             delay = self.retry_delay_s(held.message.receive_count)
         else:
@@ -247,12 +263,12 @@ class Pipeline:
             await asyncio.shield(self.queue.set_visibility(held.message, delay))
         except Exception as exc:  # then it comes back when its current visibility lapses
             log.warning("could not set retry delay: %s", exc, extra=self._ids(held))
-        return "retried"
+        return Outcome.RETRIED
 
-    async def _settle_cancelled(self, held: Held, outcome: str) -> None:
-        if held.phase == "done":
+    async def _settle_cancelled(self, held: Held, outcome: Outcome) -> None:
+        if held.step == Step.SETTLED:
             return  # already deleted (or its deletion is under way)
-        delay = self.retry_delay_s(held.message.receive_count) if outcome == "retried" else 0
+        delay = self.retry_delay_s(held.message.receive_count) if outcome == Outcome.RETRIED else 0
         try:
             await self.queue.set_visibility(held.message, delay)
         except Exception as exc:  # it becomes visible again when its timeout lapses
@@ -276,7 +292,7 @@ class Pipeline:
             "receive_count": held.message.receive_count,
         }
 
-    def _record(self, held: Held, outcome: str) -> None:
+    def _record(self, held: Held, outcome: Outcome) -> None:
         elapsed = time.monotonic() - held.message.received_at
         self.metrics.outcome(outcome, elapsed)
         fields = self._ids(held) | {"outcome": outcome, "seconds": round(elapsed, 6)}

@@ -26,13 +26,14 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from sqsinfer import inference
+from sqsinfer.backoff import Backoff
 from sqsinfer.errors import ModelLoadError
 from sqsinfer.metrics import Metrics
 
 log = logging.getLogger("sqsinfer.pool")
 T = TypeVar("T")
 
-_RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
+_RESTART_BACKOFF = Backoff(base_s=1.0, max_s=30.0)
 _SPAWN_ATTEMPTS = 3
 # Restarts keep being tried, but after this many failures in a row (about 8 s) the pool
 # is reported unusable on /livez, so the kubelet replaces the pod.
@@ -257,7 +258,7 @@ class InferencePool:
                 await self._spawn(slot)
             except Exception as exc:  # keep trying with backoff; /livez reports it
                 self.last_error = str(exc)
-                delay = _RESTART_BACKOFF_S[min(slot.failures, len(_RESTART_BACKOFF_S) - 1)]
+                delay = _RESTART_BACKOFF.delay_s(slot.failures)
                 slot.failures += 1
                 log.error(
                     "pool process restart failed",

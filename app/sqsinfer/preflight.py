@@ -19,14 +19,14 @@ from typing import TypeVar
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
 from sqsinfer import config
-from sqsinfer.aws import Clients
+from sqsinfer.aws import Clients, error_code, http_status
+from sqsinfer.backoff import Backoff
 from sqsinfer.queue import SqsQueue
-from sqsinfer.storage import error_code, http_status
 
 log = logging.getLogger("sqsinfer.preflight")
 T = TypeVar("T")
 
-_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0)
+_BACKOFF = Backoff(base_s=0.5, max_s=20.0)
 _CREDENTIAL_CODES = frozenset(
     {
         "InvalidClientTokenId",
@@ -146,7 +146,7 @@ class Preflight:
                     raise StartupError(
                         f"{config.env_name(setting)}: cannot {what}: {exc}"
                     ) from None
-                wait_s = _BACKOFF_S[min(attempt, len(_BACKOFF_S) - 1)]
+                wait_s = _BACKOFF.delay_s(attempt)
                 attempt += 1
                 log.warning(
                     "dependency not answering, retrying",

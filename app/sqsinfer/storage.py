@@ -10,7 +10,6 @@ import asyncio
 import atexit
 import contextlib
 import logging
-import random
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
@@ -20,6 +19,8 @@ from typing import Any
 import aiohttp
 from botocore.exceptions import ClientError
 
+from sqsinfer.aws import error_code, http_status
+from sqsinfer.backoff import Backoff
 from sqsinfer.messages import MessageRejected, S3Uri
 
 log = logging.getLogger("sqsinfer.storage")
@@ -28,19 +29,8 @@ _CHUNK_BYTES = 1 << 20
 _BODY_ATTEMPTS = 2
 # S3 answers 409 ConditionalRequestConflict when two conditional writes of one key race;
 # botocore does not retry it, so the put is retried here, briefly.
-_CONFLICT_RETRIES_S = (0.05, 0.1, 0.2, 0.4, 0.8)
-
-
-def error_code(exc: BaseException) -> str:
-    if isinstance(exc, ClientError):
-        return str(exc.response.get("Error", {}).get("Code", ""))
-    return ""
-
-
-def http_status(exc: BaseException) -> int:
-    if isinstance(exc, ClientError):
-        return int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
-    return 0
+_CONFLICT_BACKOFF = Backoff(base_s=0.05, max_s=0.8)
+_CONFLICT_RETRIES = 5
 
 
 class _Segments:
@@ -201,7 +191,7 @@ class Storage:
         self, uri: S3Uri, body: bytes, metadata: dict[str, str], content_type: str
     ) -> bool:
         """Create the object unless it exists. True: this call wrote it; False: it existed."""
-        for attempt, delay in enumerate((*_CONFLICT_RETRIES_S, None)):
+        for attempt in range(_CONFLICT_RETRIES + 1):
             try:
                 await self.client.put_object(
                     Bucket=uri.bucket,
@@ -215,10 +205,10 @@ class Storage:
             except ClientError as exc:
                 if error_code(exc) == "PreconditionFailed" or http_status(exc) == 412:
                     return False
-                if error_code(exc) != "ConditionalRequestConflict" or delay is None:
+                if error_code(exc) != "ConditionalRequestConflict" or attempt == _CONFLICT_RETRIES:
                     raise
                 log.debug("conditional put conflict on %s, attempt %d", uri, attempt + 1)
-                await asyncio.sleep(delay * (0.5 + random.random()))
+                await asyncio.sleep(_CONFLICT_BACKOFF.delay_s(attempt))
         raise AssertionError("unreachable")  # pragma: no cover
 
 

@@ -37,17 +37,12 @@ class VisibilityKeeper:
         self.metrics = metrics
         self.on_expired = on_expired
         self._deadlines: dict[Message, float] = {}
-        self.last_tick = time.monotonic()
 
     def add(self, message: Message) -> None:
         self._deadlines[message] = message.received_at + self.visibility_timeout_s
 
     def discard(self, message: Message) -> None:
         self._deadlines.pop(message, None)
-
-    @property
-    def held(self) -> int:
-        return len(self._deadlines)
 
     async def run(self) -> None:
         while True:
@@ -59,7 +54,6 @@ class VisibilityKeeper:
 
     async def tick(self) -> None:
         now = time.monotonic()
-        self.last_tick = now
         for message in [m for m in self._deadlines if now - m.received_at >= self.max_task_time_s]:
             self.discard(message)
             log.warning("task over max time, abandoning message_id=%s", message.message_id)

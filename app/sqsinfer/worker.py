@@ -22,12 +22,14 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from sqsinfer import config
 from sqsinfer.aws import Clients, open_clients
+from sqsinfer.backoff import Backoff
 from sqsinfer.errors import ModelLoadError
 from sqsinfer.health import HealthServer
 from sqsinfer.inference import file_sha256
 from sqsinfer.messages import MessageRules
-from sqsinfer.metrics import Metrics
-from sqsinfer.pipeline import Held, Pipeline
+from sqsinfer.metrics import Metrics, Phase
+from sqsinfer.outcomes import Outcome
+from sqsinfer.pipeline import Held, Pipeline, Step
 from sqsinfer.pool import InferencePool, PoolConfig
 from sqsinfer.preflight import Preflight, StartupError, StoppedWhileStarting
 from sqsinfer.queue import Message, Sender, SqsQueue
@@ -36,7 +38,7 @@ from sqsinfer.visibility import VisibilityKeeper
 
 log = logging.getLogger("sqsinfer.worker")
 
-_RECEIVE_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 20.0)
+_RECEIVE_BACKOFF = Backoff(base_s=1.0, max_s=20.0)
 __all__ = ["StartupError", "Worker", "run_worker"]
 _IDLE_TICK_S = 1.0
 
@@ -45,7 +47,7 @@ class Worker:
     def __init__(self, settings: config.Settings) -> None:
         self.settings = settings
         self.metrics = Metrics()
-        self.held: dict[asyncio.Task[str], Held] = {}
+        self.held: dict[asyncio.Task[Outcome], Held] = {}
         self.should_exit = False
         self.force_exit = False
         self.ready = False
@@ -175,7 +177,7 @@ class Worker:
             messages = await self._receive(pipeline.queue, capacity)
             if messages is None:
                 failures += 1
-                await self._wait_for_wake(_RECEIVE_BACKOFF_S[min(failures, 5) - 1])
+                await self._wait_for_wake(_RECEIVE_BACKOFF.delay_s(failures - 1))
                 continue
             failures = 0
             for message in messages:
@@ -204,7 +206,7 @@ class Worker:
             log.warning("receive failed: %s", exc)
             return None
         self.last_receive_ok = True
-        self.metrics.observe("receive", time.perf_counter() - started)
+        self.metrics.observe(Phase.RECEIVE, time.perf_counter() - started)
         return messages
 
     def _start(self, pipeline: Pipeline, message: Message) -> None:
@@ -216,7 +218,7 @@ class Worker:
         self.metrics.in_flight.set(len(self.held))
         task.add_done_callback(self._finished)
 
-    def _finished(self, task: asyncio.Task[str]) -> None:
+    def _finished(self, task: asyncio.Task[Outcome]) -> None:
         held = self.held.pop(task, None)
         if held is not None and self.keeper is not None:
             self.keeper.discard(held.message)
@@ -262,7 +264,9 @@ class Worker:
         while self.held and not self.force_exit and time.monotonic() < deadline:
             await self._wait_for_wake(min(_IDLE_TICK_S, deadline - time.monotonic()))
         late = [
-            t for t, h in self.held.items() if h.phase not in ("commit", "done") or self.force_exit
+            t
+            for t, h in self.held.items()
+            if h.step not in (Step.COMMITTING, Step.SETTLED) or self.force_exit
         ]
         if late:
             log.warning(

@@ -16,7 +16,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sqsinfer.lab import synthetic
 from sqsinfer.logs import JsonFormatter
-from sqsinfer.metrics import OUTCOMES, PHASES, Metrics
+from sqsinfer.metrics import Metrics, Phase
+from sqsinfer.outcomes import Outcome
 from tests.conftest import N_FEATURES, Stage, eventually, running
 
 DASHBOARD = pathlib.Path(__file__).parents[2] / "dashboards" / "sqsinfer-grafana.json"
@@ -81,12 +82,12 @@ async def test_log_line_schema(stage: Stage, make_settings, captured: Captured):
     finished = {d["outcome"]: d for d in docs if d["msg"] == "task finished"}
     assert set(finished) == {"committed", "duplicate", "rejected"}
     for outcome, doc in finished.items():
-        assert outcome in OUTCOMES
+        assert outcome in set(Outcome)
         assert isinstance(doc["message_id"], str) and doc["message_id"]
         assert doc["receive_count"] == 1
         assert isinstance(doc["seconds"], float) and doc["seconds"] >= 0
         assert isinstance(doc["phases"], dict)
-        assert all(p in PHASES and isinstance(s, float) for p, s in doc["phases"].items())
+        assert all(p in set(Phase) and isinstance(s, float) for p, s in doc["phases"].items())
     assert finished["committed"]["task_id"] == "fresh"
     assert {"s3_get", "wait_process", "decode", "infer", "commit", "chain"} <= set(
         finished["committed"]["phases"]
@@ -131,7 +132,7 @@ async def test_every_metric_is_exposed_after_a_run(stage: Stage, make_settings):
         assert value("sqsinfer_task_seconds_count", outcome=outcome) == 1
     assert value("sqsinfer_tasks_total", outcome="retried") == 0  # shown before it happens
     assert value("sqsinfer_rejections_total", reason="malformed_json") == 1
-    for phase in PHASES:
+    for phase in Phase:
         assert value("sqsinfer_phase_seconds_count", phase=phase) >= 1, phase
     assert value("sqsinfer_rows_total") == 4
     assert value("sqsinfer_in_flight") == 0

@@ -17,8 +17,6 @@ receive returned to the moment the delete was confirmed, as the worker measures 
 from __future__ import annotations
 
 import io
-import multiprocessing
-import os
 import signal
 import sys
 import threading
@@ -28,39 +26,9 @@ from typing import Any
 import numpy as np
 import orjson
 
-from sqsinfer.bench.workload import Regime
+from sqsinfer.bench.protocol import SPAWN, emit, pin_threads, regime_of, task_finished
 
-SPAWN = multiprocessing.get_context("spawn")
-THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 _READY_TIMEOUT_S = 300.0
-
-
-def emit(doc: dict[str, Any]) -> None:
-    """One JSON line on stderr, in a single write (lines from processes never interleave)."""
-    os.write(2, orjson.dumps(doc) + b"\n")
-
-
-def task_finished(seconds: float, phases: dict[str, float]) -> None:
-    emit(
-        {
-            "msg": "task finished",
-            "outcome": "committed",
-            "seconds": round(seconds, 6),
-            "phases": {k: round(v, 6) for k, v in phases.items()},
-        }
-    )
-
-
-def pin_threads(threads: int) -> None:
-    for var in THREAD_VARS:
-        os.environ[var] = str(threads)
-
-
-def regime_of(cfg: dict[str, Any]) -> Regime:
-    return Regime(**cfg["regime"])
-
-
-# -- compute-only ------------------------------------------------------------------------
 
 
 def compute_loop(cfg: dict[str, Any], index: int, ready: Any, start: Any, stop: Any) -> None:

@@ -174,7 +174,3 @@ def prometheus_samples(text: str) -> dict[str, float]:
             with contextlib.suppress(ValueError):
                 found[name] = float(value)
     return found
-
-
-def machine_cpus() -> int:
-    return os.cpu_count() or 1

@@ -153,6 +153,7 @@ def _sqsinfer_env(ctx: Context, res: emulator.Resources, port: int) -> dict[str,
         "SQSINFER_LOG_FORMAT": "json",
         "SQSINFER_LOG_LEVEL": "INFO",
         "SQSINFER_WORKER_ID": "bench",
+        "SQSINFER_TASK_TIME_S": "10",
         "SQSINFER_DRAIN_DEADLINE_S": "10",
     }
 

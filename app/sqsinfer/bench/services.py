@@ -28,10 +28,10 @@ from aiohttp import web
 
 from sqsinfer import formats
 from sqsinfer.aws import open_clients
-from sqsinfer.bench.child import SPAWN, emit, pin_threads, regime_of, task_finished
-from sqsinfer.cli import run_async
+from sqsinfer.bench.protocol import SPAWN, emit, pin_threads, regime_of, task_finished
 from sqsinfer.messages import MessageRules, parse_prefixes, parse_s3_uri, parse_task
 from sqsinfer.queue import Message, SqsQueue
+from sqsinfer.runtime import run_async
 from sqsinfer.storage import Storage
 
 Handle = Callable[[Message, float], Awaitable[None]]

@@ -159,6 +159,7 @@ def _worker_env(
         "SQSINFER_RETRY_BASE_S": "1",
         "SQSINFER_RETRY_MAX_S": "8",
         "SQSINFER_CHAIN_SETTLE_S": "4",
+        "SQSINFER_TASK_TIME_S": "5",
         "SQSINFER_DRAIN_DEADLINE_S": "5",
         "SQSINFER_QUEUE_URL": queues[stage],
         "SQSINFER_MODEL_PATH": models[stage],

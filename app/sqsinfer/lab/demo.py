@@ -203,6 +203,7 @@ def _stage_env(
         "SQSINFER_PROCESSES": str(processes),
         "SQSINFER_WAIT_TIME_S": "2",
         "SQSINFER_RETRY_BASE_S": "1",
+        "SQSINFER_TASK_TIME_S": "10",
         "SQSINFER_DRAIN_DEADLINE_S": "10",
     }
     return {

@@ -51,7 +51,7 @@ def formatter() -> type[argparse.RawDescriptionHelpFormatter]:
 
 def run_command(main: Callable[[], Coroutine[Any, Any, int]], name: str, log_level: str) -> int:
     """Run an async command the way the worker runs; Ctrl-C ends it with 130."""
-    from sqsinfer.cli import run_async
+    from sqsinfer.runtime import run_async
 
     logs.configure(log_level, "console")
     try:
@@ -110,10 +110,6 @@ def format_duration(seconds: float | None) -> str:
         f"{hours:02d}:{minutes:02d}:{secs:02d}" if hours or days else f"{minutes:02d}:{secs:02d}"
     )
     return f"{days}d {clock}" if days else clock
-
-
-def format_count(value: float) -> str:
-    return f"{math.ceil(value):,}" if value >= 100 else f"{value:,.4g}"
 
 
 def format_money(value: float) -> str:

@@ -18,7 +18,6 @@ import contextlib
 import itertools
 import logging
 import os
-import random
 import stat
 import sys
 import time
@@ -28,6 +27,8 @@ from typing import IO, Any, Protocol
 
 from botocore.exceptions import BotoCoreError, ClientError
 
+from sqsinfer import backoff
+from sqsinfer.aws import error_code, http_status
 from sqsinfer.messages import S3Uri, parse_prefixes, parse_s3_uri
 from sqsinfer.ops import common
 from sqsinfer.ops.manifest import (
@@ -42,12 +43,13 @@ from sqsinfer.ops.manifest import (
     read_manifest,
 )
 from sqsinfer.queue import SQS_BATCH_MAX
-from sqsinfer.storage import Storage, error_code, http_status
+from sqsinfer.storage import Storage
 
 log = logging.getLogger("sqsinfer.enqueue")
 
 MAX_BATCH_BYTES = 262_144  # SendMessageBatch: the sum of the bodies
 _READ_CHUNK = 500  # manifest items parsed per hop to the reader thread
+_RETRY_MAX_S = 5.0
 _THROTTLING = frozenset({"ThrottlingException", "RequestThrottled", "Throttling"})
 
 EPILOG = """\
@@ -262,8 +264,7 @@ class Enqueuer:
             self._failed(entry, why)
 
     def _backoff_s(self, attempt: int) -> float:
-        delay_s = min(5.0, self.options.retry_base_s * 2 ** (attempt - 1))
-        return float(delay_s * random.uniform(0.5, 1.0))
+        return backoff.delay_s(attempt - 1, self.options.retry_base_s, _RETRY_MAX_S)
 
     async def _attempt(self, entries: list[Entry]) -> list[tuple[Entry, str]]:
         """One SendMessageBatch; returns the entries worth another attempt."""
