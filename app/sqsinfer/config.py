@@ -14,6 +14,7 @@ import logging
 import os
 import re
 import socket
+import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -27,6 +28,7 @@ _SQS_MAX_VISIBILITY_S = 43_200  # SQS caps a message's visibility at 12 hours
 # then tasks still running are cancelled and their messages released within this long.
 COMMIT_GRACE_S = 10.0
 FORCED_RELEASE_S = 5.0
+_MODEL_DIR = "sqsinfer-model"
 _DRAIN_MARGIN_S = 10.0  # the derived drain: a task started just before SIGTERM, and its commit
 
 
@@ -61,8 +63,14 @@ class Settings:
         "", "dead-letter queue for rejected messages; default: the queue's redrive target"
     )
     next_queue_url: str = _opt("", "queue of the next stage; each output is handed on there")
-    model_path: str = _opt("", "model file (.ubj or .json for XGBoost) (required)")
-    model_sha256: str = _opt("", "refuse to start unless the model file has this sha256")
+    model_path: str = _opt("", "model file, or s3://bucket/key fetched once at start-up (required)")
+    model_sha256: str = _opt(
+        "", "refuse to start unless the model has this sha256 (required for an s3:// model)"
+    )
+    model_dir: str = _opt(
+        "", "where an s3:// model is fetched to; default: sqsinfer-model in the temp dir"
+    )
+    max_model_bytes: int = _opt(4 * 2**30, "largest model fetched from S3", int)
     handler: str = _opt(
         handlers.DEFAULT, "model handler: a short name (xgboost) or package.module:Class"
     )
@@ -162,6 +170,8 @@ class Settings:
             s = dataclasses.replace(s, allowed_output_prefixes=(s.output_prefix,))
         if s.drain_deadline_s == 0:
             s = dataclasses.replace(s, drain_deadline_s=s.task_time_s + _DRAIN_MARGIN_S)
+        if not s.model_dir:
+            s = dataclasses.replace(s, model_dir=os.path.join(tempfile.gettempdir(), _MODEL_DIR))
         if not s.worker_id:
             s = dataclasses.replace(s, worker_id=socket.gethostname())
         for check in _CHECKS:
@@ -193,8 +203,7 @@ def _require(ok: bool, name: str, problem: str) -> None:
 def _check_required(s: Settings, require_queue: bool) -> None:
     if require_queue:
         _require(bool(s.queue_url), "queue_url", "is required")
-    _require(bool(s.model_path), "model_path", "is required")
-    _require(os.path.isfile(s.model_path), "model_path", f"no such file: {s.model_path}")
+    _check_model(s)
     _require(bool(s.allowed_input_prefixes), "allowed_input_prefixes", "list at least one")
     _require(s.output_prefix is not None, "output_prefix", "is required")
     for name in ("queue_url", "dlq_url", "next_queue_url", "endpoint_url"):
@@ -204,6 +213,22 @@ def _check_required(s: Settings, require_queue: bool) -> None:
             name,
             f"must be an http(s) URL, got {value!r}",
         )
+
+
+def _check_model(s: Settings) -> None:
+    _require(bool(s.model_path), "model_path", "is required")
+    if not s.model_path.startswith("s3://"):
+        _require(os.path.isfile(s.model_path), "model_path", f"no such file: {s.model_path}")
+        return
+    try:
+        parse_s3_uri(s.model_path, "model")
+    except ValueError as exc:
+        raise ConfigError("model_path", str(exc)) from None
+    _require(
+        bool(s.model_sha256),
+        "model_sha256",
+        f"is required for a model fetched from S3 ({s.model_path}): set the sha256 it must have",
+    )
 
 
 def _check_outputs(s: Settings, _: bool) -> None:
@@ -255,7 +280,7 @@ def _check_numbers(s: Settings, _: bool) -> None:
     _require(
         s.retry_max_s <= _SQS_MAX_VISIBILITY_S, "retry_max_s", f"at most {_SQS_MAX_VISIBILITY_S}"
     )
-    for name in ("max_message_bytes", "max_input_bytes", "max_decoded_bytes"):
+    for name in ("max_message_bytes", "max_input_bytes", "max_decoded_bytes", "max_model_bytes"):
         _require(getattr(s, name) > 0, name, "must be above 0")
     _require(0 <= s.health_port <= 65535, "health_port", "must be 0-65535")
     _require(s.stall_s > s.wait_time_s, "stall_s", "must be longer than the receive wait")

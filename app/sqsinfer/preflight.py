@@ -18,9 +18,10 @@ from typing import TypeVar
 
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
-from sqsinfer import config
+from sqsinfer import config, model
 from sqsinfer.aws import Clients, error_code, http_status
 from sqsinfer.backoff import Backoff
+from sqsinfer.model import ModelFile
 from sqsinfer.queue import SqsQueue
 
 log = logging.getLogger("sqsinfer.preflight")
@@ -62,6 +63,7 @@ class StoppedWhileStarting(Exception):
 @dataclass(frozen=True)
 class Dependencies:
     dlq_url: str
+    model: ModelFile
 
 
 def _diagnose(exc: Exception) -> str:
@@ -89,6 +91,8 @@ class Preflight:
 
     async def run(self) -> Dependencies:
         s = self.settings
+        # A local model is checked first: a wrong pin needs no AWS endpoint to be reported.
+        local = None if model.is_remote(s.model_path) else await self._local_model()
         queue = SqsQueue(self.clients.sqs, s.queue_url)
         target = await self._ask("queue_url", f"read queue {s.queue_url}", queue.redrive_target)
         dlq_url = s.dlq_url or target
@@ -103,7 +107,16 @@ class Preflight:
                     name, f"read queue {url}", functools.partial(self._queue_exists, url)
                 )
         await self._buckets()
-        return Dependencies(dlq_url=dlq_url)
+        return Dependencies(dlq_url=dlq_url, model=local or await self._remote_model())
+
+    async def _local_model(self) -> ModelFile:
+        s = self.settings
+        return await asyncio.to_thread(model.local, s.model_path, s.model_sha256)
+
+    async def _remote_model(self) -> ModelFile:
+        s = self.settings
+        fetch = functools.partial(model.fetch, self.clients.s3, s)
+        return await self._ask("model_path", f"fetch model {s.model_path}", fetch)
 
     async def _queue_exists(self, url: str) -> None:
         # GetQueueUrl, not GetQueueAttributes: a stage may send to these queues, and that
@@ -141,7 +154,10 @@ class Preflight:
             except (ClientError, BotoCoreError) as exc:
                 problem = _diagnose(exc)
                 if problem == "credentials":
-                    raise StartupError(f"AWS credentials refused trying to {what}: {exc}") from None
+                    raise StartupError(
+                        f"{config.env_name(setting)}: AWS credentials or policy refused "
+                        f"trying to {what}: {exc}"
+                    ) from None
                 if problem:
                     raise StartupError(
                         f"{config.env_name(setting)}: cannot {what}: {exc}"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import signal
 import time
@@ -23,9 +24,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from sqsinfer import config
 from sqsinfer.aws import Clients, open_clients
 from sqsinfer.backoff import Backoff
-from sqsinfer.errors import ModelLoadError
 from sqsinfer.health import HealthServer
-from sqsinfer.inference import file_sha256
 from sqsinfer.messages import MessageRules
 from sqsinfer.metrics import Metrics, Phase
 from sqsinfer.outcomes import Outcome
@@ -120,15 +119,13 @@ class Worker:
     async def startup(self, clients: Clients) -> Pipeline:
         s = self.settings
         log.info("starting", extra={"settings": config.describe(s)})
-        sha256 = await asyncio.to_thread(file_sha256, s.model_path)
-        if s.model_sha256 and sha256 != s.model_sha256:
-            raise ModelLoadError(
-                f"{config.env_name('model_sha256')}: model {s.model_path} has sha256 "
-                f"{sha256}, expected {s.model_sha256}"
-            )
         queue = SqsQueue(clients.sqs, s.queue_url)
         found = await Preflight(s, clients, self._exit_requested).run()
         self.last_receive_ok = True  # the queue answered; readiness waits for no first poll
+        # The processes load the verified local copy, and check its hash once more.
+        self.pool.config = dataclasses.replace(
+            self.pool.config, model_path=found.model.path, model_sha256=found.model.sha256
+        )
         await self.pool.start()
         self._background.append(asyncio.create_task(self.pool.watch(), name="pool-watch"))
         log.info(
@@ -150,7 +147,7 @@ class Worker:
             next_stage=Sender(clients.sqs, s.next_queue_url) if s.next_queue_url else None,
             pool=self.pool,
             metrics=self.metrics,
-            model_sha256=sha256,
+            model_sha256=found.model.sha256,
         )
         self.keeper = VisibilityKeeper(
             queue,

@@ -85,7 +85,7 @@ async def test_refused_credentials_stop_start_up(stage: Stage, make_settings):
     proxy = FaultProxy(stage.endpoint, FaultPlan(refuse_credentials=True))
     await proxy.start()
     try:
-        with pytest.raises(StartupError, match="AWS credentials refused"):
+        with pytest.raises(StartupError, match="AWS credentials or policy refused"):
             await Worker(make_settings(endpoint_url=proxy.url)).serve()
     finally:
         await proxy.stop()

@@ -1,0 +1,110 @@
+"""A model fetched from S3 at start-up: pinned, bounded, verified, and reused in the pod."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+
+from sqsinfer.config import ConfigError
+from sqsinfer.errors import ModelLoadError
+from sqsinfer.lab import synthetic
+from sqsinfer.preflight import StartupError
+from sqsinfer.worker import Worker
+from tests.conftest import N_FEATURES, Stage, eventually, running
+
+
+def _upload_model(stage: Stage, model_path: str, key: str = "models/m.ubj") -> tuple[str, str]:
+    data = Path(model_path).read_bytes()
+    stage.s3.put_object(Bucket=stage.bucket, Key=key, Body=data)
+    return f"s3://{stage.bucket}/{key}", hashlib.sha256(data).hexdigest()
+
+
+def _model_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [str(r.msg) for r in caplog.records if r.name == "sqsinfer.model"]
+
+
+async def _start_fails(settings) -> BaseException:
+    worker = Worker(settings)
+    with pytest.raises((ModelLoadError, StartupError)) as caught:
+        await worker.serve()
+    return caught.value
+
+
+async def test_a_pinned_model_in_s3_is_fetched_and_serves_tasks(
+    stage: Stage, make_settings, model_path: str, tmp_path: Path
+) -> None:
+    uri, sha = _upload_model(stage, model_path)
+    settings = make_settings(model_path=uri, model_sha256=sha, model_dir=str(tmp_path / "m"))
+    rows = synthetic.make_rows(4, N_FEATURES, seed=3)
+    stage.send(
+        {"task_id": "t1", "input": stage.put_input("t1.npy", synthetic.encode_input(rows, "npy"))}
+    )
+    async with running(settings):
+        await eventually(lambda: "out/t1.npy" in stage.outputs())
+    fetched = tmp_path / "m" / f"{sha}.ubj"
+    assert hashlib.sha256(fetched.read_bytes()).hexdigest() == sha
+    assert os.listdir(tmp_path / "m") == [fetched.name]  # no partial download left behind
+    head = stage.s3.head_object(Bucket=stage.bucket, Key="out/t1.npy")
+    assert head["Metadata"]["model-sha256"] == sha
+
+
+async def test_a_wrong_pin_stops_start_up_and_keeps_nothing(
+    stage: Stage, make_settings, model_path: str, tmp_path: Path
+) -> None:
+    uri, _ = _upload_model(stage, model_path)
+    settings = make_settings(model_path=uri, model_sha256="ab" * 32, model_dir=str(tmp_path))
+    error = await _start_fails(settings)
+    assert str(error).startswith("SQSINFER_MODEL_SHA256: model s3://")
+    assert os.listdir(tmp_path) == []
+
+
+async def test_a_missing_model_object_stops_start_up_naming_the_setting(
+    stage: Stage, make_settings, tmp_path: Path
+) -> None:
+    uri = f"s3://{stage.bucket}/models/absent.ubj"
+    settings = make_settings(model_path=uri, model_sha256="ab" * 32, model_dir=str(tmp_path))
+    error = await _start_fails(settings)
+    assert str(error).startswith("SQSINFER_MODEL_PATH: cannot fetch model " + uri)
+
+
+async def test_a_model_over_the_limit_is_refused_before_it_is_read(
+    stage: Stage, make_settings, model_path: str, tmp_path: Path
+) -> None:
+    uri, sha = _upload_model(stage, model_path)
+    settings = make_settings(
+        model_path=uri, model_sha256=sha, model_dir=str(tmp_path), max_model_bytes=100
+    )
+    error = await _start_fails(settings)
+    assert str(error).startswith("SQSINFER_MAX_MODEL_BYTES: model s3://")
+    assert os.listdir(tmp_path) == []
+
+
+async def test_a_verified_copy_is_reused_and_a_tampered_one_fetched_anew(
+    stage: Stage, make_settings, model_path: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    uri, sha = _upload_model(stage, model_path)
+    settings = make_settings(model_path=uri, model_sha256=sha, model_dir=str(tmp_path))
+    async with running(settings):
+        pass
+    async with running(settings):
+        pass
+    assert _model_lines(caplog) == ["model fetched", "model already fetched"]
+    (tmp_path / f"{sha}.ubj").chmod(0o644)
+    (tmp_path / f"{sha}.ubj").write_bytes(b"tampered")
+    caplog.clear()
+    async with running(settings):
+        pass
+    assert _model_lines(caplog) == ["model fetched"]
+
+
+def test_a_model_in_s3_needs_a_pin(make_settings) -> None:
+    with pytest.raises(ConfigError, match=r"^SQSINFER_MODEL_SHA256 .*required for a model"):
+        make_settings(model_path="s3://models/m.ubj")
+
+
+def test_a_malformed_model_uri_is_named(make_settings) -> None:
+    with pytest.raises(ConfigError, match=r"^SQSINFER_MODEL_PATH "):
+        make_settings(model_path="s3://UPPER/m.ubj", model_sha256="ab" * 32)
