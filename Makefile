@@ -18,8 +18,8 @@ demo: $(BIN)/.installed
 	$(BIN)/sqsinfer demo
 
 lint: $(BIN)/.installed
-	$(BIN)/ruff check app tests
-	$(BIN)/ruff format --check app tests
+	$(BIN)/ruff check app tests examples
+	$(BIN)/ruff format --check app tests examples
 	$(BIN)/lint-imports
 
 types: $(BIN)/.installed

@@ -24,6 +24,9 @@ class ScriptedHandler:
     def load(self, model_path: str, threads: int) -> None:
         self.model_path = model_path
 
+    def sample_input(self) -> np.ndarray:
+        return np.zeros((2, 1), dtype=np.float32)  # 0 in the first cell: just predict
+
     def predict(self, array: np.ndarray) -> np.ndarray:
         first = float(array[0, 0])
         if first == KILL:
@@ -64,3 +67,28 @@ class LoadsOnceHandler(ScriptedHandler):
         if os.path.exists(model_path + ".broken"):
             raise RuntimeError("the model store is gone")
         super().load(model_path, threads)
+
+
+class ListHandler(ScriptedHandler):
+    """Breaks the contract: returns a list, as a framework's tensor type would."""
+
+    def predict(self, array: np.ndarray) -> np.ndarray:
+        return array.sum(axis=1).tolist()  # type: ignore[return-value]
+
+
+class RowDroppingHandler(ScriptedHandler):
+    """Keeps the contract at warm-up, then returns one row too few for larger inputs."""
+
+    def predict(self, array: np.ndarray) -> np.ndarray:
+        sums = array.sum(axis=1)
+        return sums[:-1] if len(sums) > 2 else sums
+
+
+class NoSampleHandler:
+    """Neither sample_input() nor n_features: warm-up cannot make an input."""
+
+    def load(self, model_path: str, threads: int) -> None:
+        pass
+
+    def predict(self, array: np.ndarray) -> np.ndarray:
+        return array.sum(axis=1)

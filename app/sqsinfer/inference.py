@@ -80,12 +80,19 @@ def start_process(
     """
     try:
         init_process(handler_path, model_path, threads, expected_sha256, max_decoded_bytes)
-        return warm_up()
     except ModelLoadError:
         raise
     except Exception as exc:
         raise ModelLoadError(
             f"cannot load model {model_path} with {handler_path}: {type(exc).__name__}: {exc}"
+        ) from None
+    try:
+        return warm_up()
+    except ModelLoadError as exc:
+        raise ModelLoadError(f"handler {handler_path!r} fails its warm-up: {exc}") from None
+    except Exception as exc:
+        raise ModelLoadError(
+            f"handler {handler_path!r} fails its warm-up prediction: {type(exc).__name__}: {exc}"
         ) from None
 
 
@@ -100,20 +107,57 @@ def _state() -> _ProcessState:
     return _STATE
 
 
-def warm_up(n_features_hint: int = 0) -> dict[str, Any]:
-    """One real prediction so that the first task pays no lazy set-up; reports the pid."""
+def warm_up() -> dict[str, Any]:
+    """One real prediction, checked against the handler contract, before the pool is ready.
+
+    A handler that returns something other than a numeric array with one row per input
+    row stops start-up here with a message that says what it returned, instead of
+    failing every task later.
+    """
     handler = _state().handler
-    n = getattr(handler, "n_features", 0) or n_features_hint or 1
+    sample = warm_up_input(handler)
     started = time.perf_counter()
-    handler.predict(np.zeros((2, n), dtype=np.float32))
-    return {"pid": os.getpid(), "warmup_s": time.perf_counter() - started, "n_features": n}
+    try:
+        checked_predictions(handler.predict(sample), sample.shape[0])
+    except InputError as exc:
+        raise ModelLoadError(f"warm-up prediction refused its own input: {exc}") from None
+    return {"pid": os.getpid(), "warmup_s": time.perf_counter() - started}
 
 
-def _checked_predictions(predictions: np.ndarray, n_rows: int) -> np.ndarray:
+def warm_up_input(handler: Handler) -> np.ndarray:
+    """The handler's `sample_input()`, or zeros of its `n_features` columns."""
+    sample_input = getattr(handler, "sample_input", None)
+    if callable(sample_input):
+        sample = np.asarray(sample_input())
+        if sample.ndim != 2 or sample.shape[0] == 0 or sample.dtype.kind not in "fiu":
+            raise ModelLoadError(
+                f"sample_input() must return a non-empty 2-D numeric array, got {sample.dtype} "
+                f"of shape {sample.shape}"
+            )
+        return sample
+    n_features = getattr(handler, "n_features", None)
+    if isinstance(n_features, int) and n_features > 0:
+        return np.zeros((2, n_features), dtype=np.float32)
+    raise ModelLoadError(
+        f"{type(handler).__name__} gives no warm-up input: define sample_input() or a "
+        "positive n_features after load()"
+    )
+
+
+def checked_predictions(predictions: object, n_rows: int) -> np.ndarray:
+    """The handler contract: a numeric numpy array, rows or rows × outputs, one row per row."""
+    if not isinstance(predictions, np.ndarray):
+        raise ModelLoadError(
+            f"predict() returned a {type(predictions).__module__}.{type(predictions).__name__}, "
+            "not a numpy.ndarray (convert it, e.g. with .numpy() or numpy.asarray)"
+        )
     if predictions.dtype.kind not in "fiub" or predictions.ndim not in (1, 2):
-        raise TypeError(f"handler returned {predictions.dtype} array of {predictions.ndim}-D")
+        raise ModelLoadError(
+            f"predict() returned a {predictions.ndim}-D {predictions.dtype} array: expected "
+            "a numeric array of rows or rows × outputs"
+        )
     if predictions.shape[0] != n_rows:
-        raise TypeError(f"handler returned {predictions.shape[0]} rows for {n_rows}")
+        raise ModelLoadError(f"predict() returned {predictions.shape[0]} rows for {n_rows}")
     return predictions
 
 
@@ -122,7 +166,10 @@ def _compute(buf: memoryview, input_format: str, output_format: str) -> dict[str
     t0 = time.perf_counter()
     array = formats.decode(buf, input_format, state.max_decoded_bytes)
     t1 = time.perf_counter()
-    predictions = _checked_predictions(state.handler.predict(array), array.shape[0])
+    try:
+        predictions = checked_predictions(state.handler.predict(array), array.shape[0])
+    except ModelLoadError as exc:  # the same input would break the contract every time
+        raise InputError("invalid_prediction", str(exc)) from None
     t2 = time.perf_counter()
     rows = int(array.shape[0])
     del array

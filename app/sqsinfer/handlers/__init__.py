@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 # import path, so a handler's dependencies are imported only when it is chosen.
 REGISTRY: dict[str, str] = {
     "xgboost": "sqsinfer.handlers.xgboost_impl:XGBoostHandler",
+    "onnx": "sqsinfer.handlers.onnx_impl:OnnxHandler",
 }
 DEFAULT = "xgboost"
 

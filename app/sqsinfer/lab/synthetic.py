@@ -53,3 +53,39 @@ def decode_output(data: bytes, fmt: str) -> np.ndarray:
         return np.asarray(orjson.loads(data), dtype=np.float32)
     array: np.ndarray = np.load(io.BytesIO(data), allow_pickle=False)
     return array
+
+
+def onnx_linear_model(path: str, n_features: int, n_outputs: int = 1, *, seed: int = 0) -> str:
+    """Save a small ONNX model, Y = X·W + b (float32), and return the path.
+
+    Built with the `onnx` package's helper API, as an exporter would write it: a dynamic
+    rows dimension and a fixed number of features. `onnx_linear_weights` gives W and b.
+    """
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    weights, bias = onnx_linear_weights(n_features, n_outputs, seed)
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["X", "W"], ["XW"]),
+            helper.make_node("Add", ["XW", "B"], ["Y"]),
+        ],
+        "linear",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["rows", n_features])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["rows", n_outputs])],
+        initializer=[numpy_helper.from_array(weights, "W"), numpy_helper.from_array(bias, "B")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8  # readable by every ONNX Runtime release the extra admits
+    onnx.checker.check_model(model)
+    onnx.save(model, path)
+    return path
+
+
+def onnx_linear_weights(
+    n_features: int, n_outputs: int, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    weights = rng.standard_normal((n_features, n_outputs)).astype(np.float32)
+    bias = rng.standard_normal(n_outputs).astype(np.float32)
+    return weights, bias

@@ -1,0 +1,1 @@
+"""Examples that the test suite imports and runs, so they cannot rot."""
