@@ -23,6 +23,7 @@ class Phase(StrEnum):
     HANDOFF = "handoff"
     DECODE = "decode"
     INFER = "infer"
+    ENCODE = "encode"
     COMMIT = "commit"
     CHAIN = "chain"
 

@@ -192,7 +192,7 @@ class Pipeline:
                 inference.run_task, shm_name, size, task.input_format, task.output_format
             )
         total = time.perf_counter() - began
-        for phase in (Phase.DECODE, Phase.INFER):
+        for phase in (Phase.DECODE, Phase.INFER, Phase.ENCODE):
             Timer(held, self.metrics, phase).record(result[f"{phase}_s"])
         # What the child did not account for is the cost of handing work over and back.
         spent = result["decode_s"] + result["infer_s"] + result["encode_s"]

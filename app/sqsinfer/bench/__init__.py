@@ -52,7 +52,13 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--tasks", type=int, default=0, help="tasks measured per scenario")
     p.add_argument("--warmup", type=int, default=-1, help="tasks finished before measuring")
     p.add_argument("--max-window-s", type=float, default=0.0, help="longest measurement")
-    p.add_argument("--repeat", type=int, default=1, help="runs per scenario; medians reported")
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=0,
+        help="paired runs (every scenario once per run); medians and ranges are reported "
+        "(default 3; 1 with --quick)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the model and inputs (0)")
     p.add_argument("--out-dir", default="bench-results", help="where JSON, logs, chart go")
     p.add_argument("--cache-dir", default="", help="model cache (~/.cache/sqsinfer/bench)")

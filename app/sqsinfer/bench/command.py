@@ -165,6 +165,10 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.repeat < 0:
+        print("sqsinfer bench: --repeat must be at least 1", file=sys.stderr)
+        return 2
+    args.repeat = args.repeat or (1 if args.quick else 3)
     regimes = _regimes(args)
     _scenarios(args)  # fail on a bad list before anything starts
     os.makedirs(args.out_dir, exist_ok=True)

@@ -330,6 +330,18 @@ def phase_means_ms(records: list[dict[str, Any]]) -> dict[str, float | None]:
     return found
 
 
+def busy_share(records: list[dict[str, Any]], window_s: float, processes: int) -> float | None:
+    """How much of the window the inference processes spent computing (decode, predict,
+    encode), as a share of what `processes` processes could have: 1.0 keeps every one busy."""
+    if not records or window_s <= 0:
+        return None
+    busy_s = sum(
+        sum(float(r.get("phases", {}).get(p, 0.0)) for p in ("decode", "infer", "encode"))
+        for r in records
+    )
+    return round(busy_s / (window_s * processes), 3)
+
+
 def summarize(
     ctx: Context, name: str, tracker: Tracker, first: Snapshot, last: Snapshot
 ) -> dict[str, Any]:
@@ -360,6 +372,7 @@ def summarize(
             "mean": _round(probe.mean(latencies)),
         },
         "phases_ms": phase_means_ms(records),
+        "busy_share": busy_share(records, window_s, ctx.processes),
         "cpu_s_per_task": per_task(probe.cpu_delta(first.tree, last.tree)),
         "cpu_s_per_task_parent": per_task(
             probe.cpu_delta(_only(first.tree, root), _only(last.tree, root))
