@@ -54,15 +54,32 @@ def init_process(
     global _STATE  # noqa: PLW0603 - one model per process is the point
     for var in THREAD_VARS:
         os.environ[var] = str(threads)
-    if expected_sha256:
-        actual = file_sha256(model_path)
-        if actual != expected_sha256:
-            raise ModelLoadError(
-                f"model {model_path} has sha256 {actual}, expected {expected_sha256}"
-            )
     handler = import_handler(handler_path)
-    handler.load(model_path, threads)
+    if expected_sha256:
+        _load_pinned(handler, model_path, threads, expected_sha256)
+    else:
+        handler.load(model_path, threads)
     _STATE = _ProcessState(handler, max_decoded_bytes)
+
+
+def _load_pinned(handler: Handler, model_path: str, threads: int, expected_sha256: str) -> None:
+    """Load exactly the bytes whose hash was checked.
+
+    The file is read once and hashed; a handler with `load_bytes` is given those very
+    bytes, so a file swapped after the check is never loaded. A handler with only
+    `load(path)` reads the file again after the check: a swap in between goes unseen,
+    and such a handler's pin guards against a wrong file, not a racing writer.
+    """
+    with open(model_path, "rb") as fh:
+        data = fh.read()
+    actual = hashlib.sha256(data).hexdigest()
+    if actual != expected_sha256:
+        raise ModelLoadError(f"model {model_path} has sha256 {actual}, expected {expected_sha256}")
+    load_bytes = getattr(handler, "load_bytes", None)
+    if callable(load_bytes):
+        load_bytes(data, threads)
+    else:
+        handler.load(model_path, threads)
 
 
 def start_process(

@@ -16,6 +16,7 @@ from sqsinfer.lab import synthetic
 from sqsinfer.pool import InferencePool, PoolConfig, PoolCrashed
 from tests import handlers
 from tests.conftest import sample
+from tests.worker import gates
 
 
 def _config(model_path: str, processes: int = 1, **kw) -> PoolConfig:
@@ -175,3 +176,23 @@ async def test_the_watch_restarts_a_process_that_died_idle(model_path):
     finally:
         watch.cancel()
         await pool.close()
+
+
+async def test_a_pinned_model_swapped_after_its_check_is_never_loaded_unverified(
+    tmp_path, monkeypatch
+):
+    model = tmp_path / "model.bin"
+    model.write_bytes(b"the pinned model")
+    pin = inference.file_sha256(str(model))
+    monkeypatch.setenv(gates.SWAP_PATH_VAR, str(model))  # spawned processes inherit it
+    pool = InferencePool(
+        _config(str(model), handler="tests.worker.gates:SwappingHandler", model_sha256=pin)
+    )
+    await pool.start()
+    try:
+        async with pool.lease() as lease:
+            loaded = await lease.run(gates.loaded_sha256)
+    finally:
+        await pool.close()
+    assert model.read_bytes() == b"bytes nobody pinned"  # the swap happened
+    assert loaded == pin  # yet what was loaded is what was checked
