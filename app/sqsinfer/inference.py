@@ -10,10 +10,12 @@ read with `allow_pickle` off and object dtypes refused.
 from __future__ import annotations
 
 import hashlib
+import multiprocessing
 import os
+import threading
 import time
 from dataclasses import dataclass
-from multiprocessing import shared_memory
+from multiprocessing import connection, shared_memory
 from typing import Any
 
 import numpy as np
@@ -41,6 +43,7 @@ class _ProcessState:
 
 
 _STATE: _ProcessState | None = None
+_ORPHANED_EXIT = 1
 
 
 def init_process(
@@ -50,8 +53,9 @@ def init_process(
     expected_sha256: str,
     max_decoded_bytes: int,
 ) -> None:
-    """Pool initializer: pin threads, check the model's hash, load it once."""
+    """Pool initializer: follow the parent, pin threads, check the model's hash, load it."""
     global _STATE  # noqa: PLW0603 - one model per process is the point
+    exit_with_parent()
     for var in THREAD_VARS:
         os.environ[var] = str(threads)
     handler = import_handler(handler_path)
@@ -60,6 +64,35 @@ def init_process(
     else:
         handler.load(model_path, threads)
     _STATE = _ProcessState(handler, max_decoded_bytes)
+
+
+def exit_with_parent() -> None:
+    """Exit as soon as the process that spawned this one is gone.
+
+    When the worker alone is killed (an OOM kill picks the largest process), its
+    inference processes would otherwise wait forever for work: each holds its mapped
+    inputs and keeps multiprocessing's resource tracker alive, which cleans up the
+    worker's shared memory only once every holder of its pipe has gone.
+
+    multiprocessing gives every spawned process a sentinel: a pipe whose other end only
+    the parent holds, so it reads as closed the moment the parent dies, however it died.
+    A thread waits on it. This was chosen over Linux's PR_SET_PDEATHSIG, which fires
+    when the *thread* that created the child exits (a pool restarted from a short-lived
+    thread would lose its processes), needs a check for a parent already gone before it
+    was set, and exists only on Linux. The one cost: a handler holding the GIL in native
+    code delays the exit until it lets go.
+    """
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return  # called in-process (a test, a benchmark): there is no parent to follow
+    sentinel = parent.sentinel
+
+    def watch() -> None:
+        connection.wait([sentinel])
+        os.write(2, b"sqsinfer: the worker is gone; inference process exiting\n")
+        os._exit(_ORPHANED_EXIT)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 def _load_pinned(handler: Handler, model_path: str, threads: int, expected_sha256: str) -> None:
