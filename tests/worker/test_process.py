@@ -254,3 +254,25 @@ def test_children_and_the_tracker_follow_a_killed_parent_and_leave_no_shm(stage:
         process.stderr.close()  # type: ignore[union-attr]
     assert {path for path in held if os.path.exists(path)} == set()
 
+
+def test_a_new_worker_sweeps_what_a_killed_worker_tree_left_in_dev_shm(stage: Stage, model_path):
+    # A pod killed outright: the worker, its processes and its resource tracker at once.
+    process, env = _busy_worker(stage, model_path)
+    main = psutil.Process(process.pid)
+    spawned, trackers = _tree(process)
+    held = _shm_mapped([main, *spawned])
+    _kill_all([main, *spawned, *trackers])
+    process.wait()
+    process.stderr.close()  # type: ignore[union-attr]
+    _wait_until(lambda: _gone(spawned + trackers), timeout_s=5)
+    assert {path for path in held if os.path.exists(path)}  # a SIGKILL cleans up nothing
+    env |= {"SQSINFER_HEALTH_PORT": str(standin.free_port())}
+    successor = _start(env)
+    try:
+        _wait_ready(successor, env["SQSINFER_HEALTH_PORT"])
+    finally:
+        successor.send_signal(signal.SIGTERM)
+        _, stderr = successor.communicate(timeout=60)
+    assert {path for path in held if os.path.exists(path)} == set()
+    swept = [line for line in _lines(stderr) if line["msg"] == "swept what dead workers left"]
+    assert len(swept) == 1 and swept[0]["segments"] >= 1, swept
