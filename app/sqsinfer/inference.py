@@ -10,10 +10,12 @@ read with `allow_pickle` off and object dtypes refused.
 from __future__ import annotations
 
 import hashlib
+import multiprocessing
 import os
+import threading
 import time
 from dataclasses import dataclass
-from multiprocessing import shared_memory
+from multiprocessing import connection, shared_memory
 from typing import Any
 
 import numpy as np
@@ -41,6 +43,7 @@ class _ProcessState:
 
 
 _STATE: _ProcessState | None = None
+_ORPHANED_EXIT = 1
 
 
 def init_process(
@@ -50,19 +53,66 @@ def init_process(
     expected_sha256: str,
     max_decoded_bytes: int,
 ) -> None:
-    """Pool initializer: pin threads, check the model's hash, load it once."""
+    """Pool initializer: follow the parent, pin threads, check the model's hash, load it."""
     global _STATE  # noqa: PLW0603 - one model per process is the point
+    exit_with_parent()
     for var in THREAD_VARS:
         os.environ[var] = str(threads)
-    if expected_sha256:
-        actual = file_sha256(model_path)
-        if actual != expected_sha256:
-            raise ModelLoadError(
-                f"model {model_path} has sha256 {actual}, expected {expected_sha256}"
-            )
     handler = import_handler(handler_path)
-    handler.load(model_path, threads)
+    if expected_sha256:
+        _load_pinned(handler, model_path, threads, expected_sha256)
+    else:
+        handler.load(model_path, threads)
     _STATE = _ProcessState(handler, max_decoded_bytes)
+
+
+def exit_with_parent() -> None:
+    """Exit as soon as the process that spawned this one is gone.
+
+    When the worker alone is killed (an OOM kill picks the largest process), its
+    inference processes would otherwise wait forever for work: each holds its mapped
+    inputs and keeps multiprocessing's resource tracker alive, which cleans up the
+    worker's shared memory only once every holder of its pipe has gone.
+
+    multiprocessing gives every spawned process a sentinel: a pipe whose other end only
+    the parent holds, so it reads as closed the moment the parent dies, however it died.
+    A thread waits on it. This was chosen over Linux's PR_SET_PDEATHSIG, which fires
+    when the *thread* that created the child exits (a pool restarted from a short-lived
+    thread would lose its processes), needs a check for a parent already gone before it
+    was set, and exists only on Linux. The one cost: a handler holding the GIL in native
+    code delays the exit until it lets go.
+    """
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return  # called in-process (a test, a benchmark): there is no parent to follow
+    sentinel = parent.sentinel
+
+    def watch() -> None:
+        connection.wait([sentinel])
+        os.write(2, b"sqsinfer: the worker is gone; inference process exiting\n")
+        os._exit(_ORPHANED_EXIT)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def _load_pinned(handler: Handler, model_path: str, threads: int, expected_sha256: str) -> None:
+    """Load exactly the bytes whose hash was checked.
+
+    The file is read once and hashed; a handler with `load_bytes` is given those very
+    bytes, so a file swapped after the check is never loaded. A handler with only
+    `load(path)` reads the file again after the check: a swap in between goes unseen,
+    and such a handler's pin guards against a wrong file, not a racing writer.
+    """
+    with open(model_path, "rb") as fh:
+        data = fh.read()
+    actual = hashlib.sha256(data).hexdigest()
+    if actual != expected_sha256:
+        raise ModelLoadError(f"model {model_path} has sha256 {actual}, expected {expected_sha256}")
+    load_bytes = getattr(handler, "load_bytes", None)
+    if callable(load_bytes):
+        load_bytes(data, threads)
+    else:
+        handler.load(model_path, threads)
 
 
 def start_process(

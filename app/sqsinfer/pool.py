@@ -8,6 +8,13 @@ slot is restarted in the background while the other slots keep working.
 
 Processes are always started with the *spawn* method: native ML libraries hold thread
 pools and locks that a forked child inherits without the threads, and hangs on.
+
+Nothing of a slot outlives the worker in /dev/shm: each executor's queues hold five
+named semaphores (`sem.mp-*`) that its process opens by name when it starts; once it
+has, the names are removed (the semaphores live on in both processes), so a SIGKILL of
+the whole worker leaves none of them behind. Orphans: a process exits by itself as soon
+as the worker is gone (`inference`), so an OOM kill of the worker alone leaves nothing
+running either.
 """
 
 from __future__ import annotations
@@ -19,13 +26,15 @@ import multiprocessing
 import os
 import signal
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
+from multiprocessing import synchronize
+from multiprocessing import util as mp_util
 from typing import Any, TypeVar
 
-from sqsinfer import inference
+from sqsinfer import inference, procfs
 from sqsinfer.backoff import Backoff
 from sqsinfer.errors import ModelLoadError
 from sqsinfer.metrics import Metrics
@@ -127,6 +136,9 @@ class InferencePool:
         executor = ProcessPoolExecutor(max_workers=1, mp_context=self.context)
         loop = asyncio.get_running_loop()
         try:
+            # Any answer means the process is up and has opened the queues' semaphores.
+            await loop.run_in_executor(executor, os.getpid)
+            _unlink_semaphore_names(executor)
             info = await loop.run_in_executor(
                 executor,
                 inference.start_process,
@@ -294,13 +306,41 @@ class Lease:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # pragma: no cover - a pid reused by another user's process
-        return False
-    return True
+    """Alive and not a zombie: a process that died idle stays one until its executor
+    reaps it, and must not be leased meanwhile."""
+    return procfs.alive(pid)
+
+
+def _semlocks(executor: ProcessPoolExecutor) -> Iterator[synchronize.SemLock]:
+    """The semaphores of the executor's call and result queues."""
+    for queue in (getattr(executor, "_call_queue", None), getattr(executor, "_result_queue", None)):
+        for attr in ("_rlock", "_wlock", "_sem"):
+            lock = getattr(queue, attr, None)
+            if isinstance(lock, synchronize.SemLock):
+                yield lock
+
+
+def _unlink_semaphore_names(executor: ProcessPoolExecutor) -> None:
+    """Remove the names of the executor's semaphores now that its one process has them.
+
+    multiprocessing names each semaphore so that a spawned process can open it, and
+    unlinks the name only when the semaphore is collected, or its resource tracker does
+    at exit: a SIGKILL of the whole worker leaves them in /dev/shm for good, with nothing
+    in the name to say whose they were. A single-process executor never starts another
+    process, so the names serve no purpose once its process is up. This runs the
+    finalizer multiprocessing registered for each (unlink, then unregister from the
+    tracker) early. Should its internals change, the names are simply left as before.
+    """
+    names = {getattr(getattr(lock, "_semlock", None), "name", None) for lock in _semlocks(executor)}
+    names.discard(None)
+    cleanup = getattr(synchronize.SemLock, "_cleanup", None)
+    registry: dict[Any, Any] = getattr(mp_util, "_finalizer_registry", {})
+    if cleanup is None or not names:
+        return
+    for finalizer in list(registry.values()):
+        args = getattr(finalizer, "_args", None) or (None,)
+        if getattr(finalizer, "_callback", None) is cleanup and args[0] in names:
+            finalizer()
 
 
 def _shutdown_executor(executor: ProcessPoolExecutor) -> None:

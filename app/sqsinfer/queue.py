@@ -3,6 +3,15 @@
 Deletes and visibility changes of single messages are gathered into batches of up to
 ten (the SQS limit) for a few milliseconds; each caller learns whether *its* entry
 succeeded, because only what `...Batch` reports under `Successful` counts.
+
+Two kinds of visibility change meet here, and their order matters. The keeper's
+*extensions* (`extend`) keep a held message invisible; a *settle* (`delete`, or
+`set_visibility` for a retry delay or a release) ends the hold. SQS applies calls in
+the order they arrive, so an extension that lands after a release hides the message
+for a whole timeout again. Hence: a settle marks its message settled at once (no new
+extension includes it from then on), and a visibility settle waits for any extension
+of the message already in flight before it is sent, so the settle always lands last.
+A delete needs no wait: an extension of a deleted message changes nothing.
 """
 
 from __future__ import annotations
@@ -10,8 +19,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 import orjson
@@ -41,6 +51,8 @@ class Message:
     receive_count: int
     attributes: dict[str, Any] = field(default_factory=dict)
     received_at: float = field(default_factory=time.monotonic)
+    # Set when its delete or hand-back is asked for: it is extended no more.
+    settled: bool = field(default=False, init=False)
 
     @classmethod
     def from_sqs(cls, raw: dict[str, Any]) -> Message:
@@ -55,6 +67,15 @@ class Message:
 
 
 BatchCall = Callable[[list[dict[str, Any]]], Awaitable[dict[str, Any]]]
+
+
+class Extension(StrEnum):
+    """What became of one message in an extension call."""
+
+    EXTENDED = "extended"
+    RETRY = "retry"  # the call failed or ran out of time, or SQS failed the entry on its side
+    REFUSED = "refused"  # SQS refused the entry (a receipt handle no longer valid)
+    SETTLED = "settled"  # settled before the call was made: not sent
 
 
 class Batcher:
@@ -122,6 +143,9 @@ class SqsQueue:
         self.url = url
         self._deletes = Batcher("delete", self._delete_batch)
         self._visibility = Batcher("visibility", self._visibility_batch)
+        # Extension calls in flight, by message: a visibility settle waits for them.
+        self._extending: dict[Message, set[asyncio.Task[dict[str, Any]]]] = {}
+        self._deferred: set[asyncio.Task[bool]] = set()
 
     async def receive(self, max_messages: int, wait_s: int, visibility_s: int) -> list[Message]:
         response = await self.client.receive_message(
@@ -134,13 +158,26 @@ class SqsQueue:
         )
         return [Message.from_sqs(raw) for raw in response.get("Messages", [])]
 
+    # -- settles: the end of a hold ------------------------------------------------
     def delete(self, message: Message) -> asyncio.Future[bool]:
+        message.settled = True
         return self._deletes.submit({"ReceiptHandle": message.receipt_handle})
 
     def set_visibility(self, message: Message, seconds: int) -> asyncio.Future[bool]:
-        return self._visibility.submit(
-            {"ReceiptHandle": message.receipt_handle, "VisibilityTimeout": int(seconds)}
-        )
+        """Hand the message back (visible after `seconds`), after any extension under way."""
+        message.settled = True
+        entry = {"ReceiptHandle": message.receipt_handle, "VisibilityTimeout": int(seconds)}
+        calls = self._extending.get(message)
+        if not calls:
+            return self._visibility.submit(entry)
+        task = asyncio.get_running_loop().create_task(self._after(set(calls), entry))
+        self._deferred.add(task)
+        task.add_done_callback(self._deferred.discard)
+        return task
+
+    async def _after(self, calls: set[asyncio.Task[dict[str, Any]]], entry: dict[str, Any]) -> bool:
+        await asyncio.wait(calls)
+        return await self._visibility.submit(entry)
 
     async def change_visibility_many(self, messages: list[Message], seconds: int) -> list[bool]:
         """One batch call per ten messages; returns, per message, whether it succeeded."""
@@ -148,7 +185,48 @@ class SqsQueue:
         results = await asyncio.gather(*futures, return_exceptions=True)
         return [r is True for r in results]
 
+    # -- extensions: the keeper's ----------------------------------------------------
+    async def extend(
+        self, messages: list[Message], seconds: int, timeout_s: float
+    ) -> dict[Message, Extension]:
+        """Extend up to ten held messages in one call, given up after `timeout_s`.
+
+        Settled messages are left out. A call given up on is cancelled here, but may
+        still reach SQS late; only calls still in flight hold a settle back.
+        """
+        if len(messages) > SQS_BATCH_MAX:
+            raise ValueError(f"at most {SQS_BATCH_MAX} messages per extension call")
+        results = {m: Extension.SETTLED for m in messages if m.settled}
+        held = [m for m in messages if not m.settled]
+        if not held:
+            return results
+        entries = [
+            {"Id": str(i), "ReceiptHandle": m.receipt_handle, "VisibilityTimeout": int(seconds)}
+            for i, m in enumerate(held)
+        ]
+        call = asyncio.get_running_loop().create_task(self._visibility_batch(entries))
+        for message in held:
+            self._extending.setdefault(message, set()).add(call)
+        try:
+            response = await asyncio.wait_for(call, timeout_s)
+        except Exception as exc:  # a timeout too: then the call was cancelled
+            log.debug("extension call failed: %r", exc)
+            return results | {m: Extension.RETRY for m in held}
+        finally:
+            self._forget(call, held)
+        return results | _extension_results(held, response)
+
+    def _forget(self, call: asyncio.Task[dict[str, Any]], messages: Iterable[Message]) -> None:
+        for message in messages:
+            calls = self._extending.get(message)
+            if calls is not None:
+                calls.discard(call)
+                if not calls:
+                    del self._extending[message]
+
     async def drain(self) -> None:
+        while self._deferred:
+            await asyncio.gather(*list(self._deferred), return_exceptions=True)
         await asyncio.gather(self._deletes.drain(), self._visibility.drain())
 
     async def _delete_batch(self, entries: list[dict[str, Any]]) -> dict[str, Any]:
@@ -175,6 +253,20 @@ class SqsQueue:
         _, _, _, _, account, name = arn.split(":", 5)
         found = await self.client.get_queue_url(QueueName=name, QueueOwnerAWSAccountId=account)
         return str(found["QueueUrl"])
+
+
+def _extension_results(held: list[Message], response: dict[str, Any]) -> dict[Message, Extension]:
+    results = dict.fromkeys(held, Extension.RETRY)
+    for item in response.get("Successful", []):
+        results[held[int(item["Id"])]] = Extension.EXTENDED
+    for failed in response.get("Failed", []):
+        # A sender fault (an invalid receipt handle) will not heal by trying again.
+        if failed.get("SenderFault"):
+            results[held[int(failed["Id"])]] = Extension.REFUSED
+        log.warning(
+            "visibility extension entry failed: %s %s", failed.get("Code"), failed.get("Message")
+        )
+    return results
 
 
 def _string_attr(value: str) -> dict[str, str]:

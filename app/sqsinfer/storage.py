@@ -7,10 +7,10 @@ writer of a key gets 200, every later one 412, and nothing is ever overwritten.
 from __future__ import annotations
 
 import asyncio
-import atexit
 import contextlib
 import logging
-from dataclasses import dataclass
+import weakref
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from multiprocessing import shared_memory
@@ -19,6 +19,7 @@ from typing import Any
 import aiohttp
 from botocore.exceptions import ClientError
 
+from sqsinfer import shm as shm_names
 from sqsinfer.aws import error_code, http_status
 from sqsinfer.backoff import Backoff
 from sqsinfer.messages import MessageRejected, S3Uri
@@ -31,10 +32,11 @@ _BODY_ATTEMPTS = 2
 # botocore does not retry it, so the put is retried here, briefly.
 _CONFLICT_BACKOFF = Backoff(base_s=0.05, max_s=0.8)
 _CONFLICT_RETRIES = 5
+_CREATE_ATTEMPTS = 3
 
 
-class _Segments:
-    """Shared memory segments kept for reuse between tasks.
+class Segments:
+    """One Storage's shared memory segments, kept for reuse between its tasks.
 
     Creating a segment per task costs more than copying the input into it: the create
     and the unlink each make a round trip to multiprocessing's resource tracker, and
@@ -42,6 +44,12 @@ class _Segments:
     2 MB input here, against 0.2 ms for the copy alone). A segment whose task ended is
     kept for the next input that fits; sizes are rounded up to whole MiB so inputs of
     similar size share segments (tmpfs only spends memory on pages written).
+
+    Each Storage owns its own (one event loop uses it; nothing here is locked), and
+    they go when it does. Segments are named for this process (`shm.new_name`) so that
+    a worker starting after this one was killed can sweep them. A kept segment whose
+    name has gone from /dev/shm is never handed out again: this process still maps it
+    and could not tell, but no inference process can open it any more.
     """
 
     _ROUND_BYTES = 1 << 20
@@ -50,21 +58,23 @@ class _Segments:
 
     def __init__(self) -> None:
         self._free: list[shared_memory.SharedMemory] = []
-        atexit.register(self.clear)
+        # At collection or at exit, whichever comes first; never referring to self.
+        self._finalizer = weakref.finalize(self, _destroy_all, self._free)
 
     def take(self, size: int) -> shared_memory.SharedMemory:
-        fitting = [shm for shm in self._free if shm.size >= size]
-        if fitting:
+        while fitting := [shm for shm in self._free if shm.size >= size]:
             best = min(fitting, key=lambda shm: shm.size)
             self._free.remove(best)
-            return best
+            if shm_names.exists(best.name):
+                return best
+            log.warning("kept segment %s lost its name; replaced", best.name)
+            _destroy(best)
         if self._free:
             # Trade a kept segment for the new one, so that segments in use plus kept never
             # outnumber the most ever in use at once (the in-flight bound): /dev/shm is
             # sized for that (processes x prefetch x max input) and must not overflow.
             _destroy(self._free.pop())
-        capacity = -(-max(size, 1) // self._ROUND_BYTES) * self._ROUND_BYTES
-        return shared_memory.SharedMemory(create=True, size=capacity)
+        return _create(-(-max(size, 1) // self._ROUND_BYTES) * self._ROUND_BYTES)
 
     def give(self, shm: shared_memory.SharedMemory) -> None:
         if len(self._free) < self.MAX_KEPT and shm.size <= self.MAX_KEPT_BYTES:
@@ -73,8 +83,15 @@ class _Segments:
             _destroy(shm)
 
     def clear(self) -> None:
-        while self._free:
-            _destroy(self._free.pop())
+        """Destroy every kept segment (segments in use go when they are given back)."""
+        _destroy_all(self._free)
+
+
+def _create(size: int) -> shared_memory.SharedMemory:
+    for _ in range(_CREATE_ATTEMPTS - 1):
+        with contextlib.suppress(FileExistsError):  # 32 random bits: never, in practice
+            return shared_memory.SharedMemory(name=shm_names.new_name(), create=True, size=size)
+    return shared_memory.SharedMemory(name=shm_names.new_name(), create=True, size=size)
 
 
 def _destroy(shm: shared_memory.SharedMemory) -> None:
@@ -84,18 +101,23 @@ def _destroy(shm: shared_memory.SharedMemory) -> None:
         shm.unlink()
 
 
-_SEGMENTS = _Segments()
+def _destroy_all(segments: list[shared_memory.SharedMemory]) -> None:
+    while segments:
+        _destroy(segments.pop())
 
 
 class SharedInput:
     """An S3 object's bytes in POSIX shared memory, named for a child process to map.
 
-    The segment may be larger than `size` (segments are reused): readers take `size`.
+    The segment comes from `segments` and goes back there when closed; without one the
+    input has a segment of its own, destroyed with it. The segment may be larger than
+    `size` (segments are reused): readers take `size`.
     """
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, segments: Segments | None = None) -> None:
         self.size = size
-        self._shm: shared_memory.SharedMemory | None = _SEGMENTS.take(size)
+        self._segments = segments if segments is not None else Segments()
+        self._shm: shared_memory.SharedMemory | None = self._segments.take(size)
         self.name = self._shm.name
         view = self._shm.buf
         assert view is not None  # a created segment is always mapped
@@ -109,7 +131,7 @@ class SharedInput:
         if self._shm is None:
             return
         shm, self._shm = self._shm, None
-        _SEGMENTS.give(shm)
+        self._segments.give(shm)
 
     def __enter__(self) -> SharedInput:
         return self
@@ -139,6 +161,7 @@ def _age_s(response: dict[str, Any]) -> float:
 @dataclass
 class Storage:
     client: Any  # an aiobotocore S3 client
+    segments: Segments = field(default_factory=Segments)
 
     async def head(self, uri: S3Uri) -> ObjectInfo | None:
         """The object's metadata and age, or None when it does not exist."""
@@ -179,7 +202,7 @@ class Storage:
                 raise MessageRejected(
                     "input_too_large", f"{uri} is {size} bytes, limit {max_bytes}"
                 )
-            shared = SharedInput(size)
+            shared = SharedInput(size, self.segments)
             try:
                 await _read_into(body, shared)
             except BaseException:

@@ -1,9 +1,22 @@
 """The visibility keeper: one background task that keeps in-flight messages invisible.
 
-Every `heartbeat_s` it extends, in batches of ten, each held message whose visibility
-would lapse before the tick after next, so a short task costs no extra calls and a
-long one is never handed to another consumer. A message held longer than
-`max_task_time_s` is no longer extended: its task is abandoned (and retried).
+Every `heartbeat_s` a tick extends each held message whose visibility would lapse
+before the tick after next, so a short task costs no extra calls and a long one is
+never handed to another consumer. Settings keep the heartbeat at most a third of the
+visibility timeout, so a message is due with at least one heartbeat left before it
+lapses: that margin is what its extension has to land in.
+
+A slow call must not cost other messages their hold, so:
+- ticks start on schedule, never waiting for an earlier tick's calls;
+- a tick's due messages go out in batches of ten, all at once, earliest lapse first;
+- each call is given up after half the time left before the earliest lapse in its
+  batch, and what failed is tried again within the tick while time is left;
+- a message with an extension under way is not sent again by the next tick.
+
+A settled message (deleted or handed back) leaves the keeper: the queue marks it when
+the settle is asked for, before the settle call is sent, and no tick includes it from
+then on. A message held longer than `max_task_time_s` is no longer extended: its task
+is abandoned (and retried).
 """
 
 from __future__ import annotations
@@ -13,10 +26,17 @@ import logging
 import time
 from collections.abc import Callable
 
+from sqsinfer.backoff import Backoff
 from sqsinfer.metrics import Metrics
-from sqsinfer.queue import Message, SqsQueue
+from sqsinfer.queue import SQS_BATCH_MAX, Extension, Message, SqsQueue
 
 log = logging.getLogger("sqsinfer.visibility")
+
+# A call gets at least this long (or all the time left, when less): any shorter and
+# a healthy but loaded endpoint would see every call given up on.
+_MIN_CALL_S = 1.0
+# Between tries of entries that failed fast (throttling, a 5xx), within one tick.
+_RETRY_BACKOFF = Backoff(base_s=0.1, max_s=1.0)
 
 
 class VisibilityKeeper:
@@ -37,6 +57,8 @@ class VisibilityKeeper:
         self.metrics = metrics
         self.on_expired = on_expired
         self._deadlines: dict[Message, float] = {}
+        self._extending: set[Message] = set()
+        self._ticks: set[asyncio.Task[None]] = set()
 
     def add(self, message: Message) -> None:
         self._deadlines[message] = message.received_at + self.visibility_timeout_s
@@ -45,30 +67,85 @@ class VisibilityKeeper:
         self._deadlines.pop(message, None)
 
     async def run(self) -> None:
-        while True:
-            await asyncio.sleep(self.heartbeat_s)
-            try:
-                await self.tick()
-            except Exception:  # the next tick tries again; a lapse only means a redelivery
-                log.exception("visibility extension failed")
+        try:
+            while True:
+                await asyncio.sleep(self.heartbeat_s)
+                tick = asyncio.get_running_loop().create_task(self.tick())
+                self._ticks.add(tick)
+                tick.add_done_callback(self._tick_done)
+        finally:
+            for tick in self._ticks:
+                tick.cancel()
+            await asyncio.gather(*self._ticks, return_exceptions=True)
+
+    def _tick_done(self, tick: asyncio.Task[None]) -> None:
+        self._ticks.discard(tick)
+        if not tick.cancelled() and tick.exception() is not None:
+            # The next tick tries again; a lapse only means a redelivery.
+            log.error("visibility tick failed", exc_info=tick.exception())
 
     async def tick(self) -> None:
         now = time.monotonic()
+        for message in [m for m in self._deadlines if m.settled]:
+            self.discard(message)
         for message in [m for m in self._deadlines if now - m.received_at >= self.max_task_time_s]:
             self.discard(message)
             log.warning("task over max time, abandoning message_id=%s", message.message_id)
             self.on_expired(message)
-        due = [
-            m for m, deadline in self._deadlines.items() if deadline < now + 2 * self.heartbeat_s
-        ]
-        if not due:
-            return
-        results = await self.queue.change_visibility_many(due, self.visibility_timeout_s)
-        extended = 0
-        for message, ok in zip(due, results, strict=True):
-            if ok and message in self._deadlines:
-                self._deadlines[message] = now + self.visibility_timeout_s
-                extended += 1
-            elif not ok:
+        due = sorted(
+            (
+                m
+                for m, deadline in self._deadlines.items()
+                if deadline < now + 2 * self.heartbeat_s and m not in self._extending
+            ),
+            key=self._deadlines.__getitem__,
+        )
+        batches = [due[i : i + SQS_BATCH_MAX] for i in range(0, len(due), SQS_BATCH_MAX)]
+        await asyncio.gather(*(self._keep(batch) for batch in batches))
+
+    async def _keep(self, batch: list[Message]) -> None:
+        """Extend one batch, trying again what failed while there is time before a lapse."""
+        self._extending.update(batch)
+        try:
+            pending, attempt = batch, 0
+            while pending := self._held(pending):
+                left_s = self._left_s(pending)
+                started = time.monotonic()
+                results = await self.queue.extend(
+                    pending, self.visibility_timeout_s, timeout_s=max(left_s / 2, _MIN_CALL_S)
+                )
+                pending = self._record(results, started)
+                left_s = self._left_s(self._held(pending))
+                if left_s <= _MIN_CALL_S:
+                    break
+                await asyncio.sleep(min(_RETRY_BACKOFF.delay_s(attempt), left_s / 4))
+                attempt += 1
+            for message in self._held(pending):
                 log.warning("could not extend visibility message_id=%s", message.message_id)
+        finally:
+            self._extending.difference_update(batch)
+
+    def _held(self, messages: list[Message]) -> list[Message]:
+        return [m for m in messages if m in self._deadlines and not m.settled]
+
+    def _left_s(self, messages: list[Message]) -> float:
+        """Seconds until the first of these messages lapses (0 when there are none)."""
+        if not messages:
+            return 0.0
+        return min(self._deadlines[m] for m in messages) - time.monotonic()
+
+    def _record(self, results: dict[Message, Extension], started: float) -> list[Message]:
+        """Note new deadlines; returns the messages worth another try."""
+        extended = 0
+        retry: list[Message] = []
+        for message, result in results.items():
+            if result == Extension.EXTENDED and message in self._deadlines:
+                # SQS counts from when it handled the call, which is after it was sent.
+                self._deadlines[message] = started + self.visibility_timeout_s
+                extended += 1
+            elif result == Extension.RETRY:
+                retry.append(message)
+            elif result == Extension.REFUSED:
+                log.warning("extension refused message_id=%s", message.message_id)
         self.metrics.visibility_extensions.inc(extended)
+        return retry

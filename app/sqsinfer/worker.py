@@ -21,7 +21,7 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from sqsinfer import config
+from sqsinfer import config, shm
 from sqsinfer.aws import Clients, open_clients
 from sqsinfer.backoff import Backoff
 from sqsinfer.health import HealthServer
@@ -119,6 +119,7 @@ class Worker:
     async def startup(self, clients: Clients) -> Pipeline:
         s = self.settings
         log.info("starting", extra={"settings": config.describe(s)})
+        await asyncio.to_thread(shm.sweep)  # what workers killed before this one left
         queue = SqsQueue(clients.sqs, s.queue_url)
         found = await Preflight(s, clients, self._exit_requested).run()
         self.last_receive_ok = True  # the queue answered; readiness waits for no first poll

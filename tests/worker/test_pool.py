@@ -5,17 +5,22 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
 
 import tests.parent_only_marker  # noqa: F401  (a module only this process has)
 from sqsinfer import inference
+from sqsinfer import pool as pool_module
 from sqsinfer.errors import ModelLoadError
 from sqsinfer.lab import synthetic
 from sqsinfer.pool import InferencePool, PoolConfig, PoolCrashed
 from tests import handlers
 from tests.conftest import sample
+from tests.worker import gates
 
 
 def _config(model_path: str, processes: int = 1, **kw) -> PoolConfig:
@@ -175,3 +180,43 @@ async def test_the_watch_restarts_a_process_that_died_idle(model_path):
     finally:
         watch.cancel()
         await pool.close()
+
+
+async def test_a_pinned_model_swapped_after_its_check_is_never_loaded_unverified(
+    tmp_path, monkeypatch
+):
+    model = tmp_path / "model.bin"
+    model.write_bytes(b"the pinned model")
+    pin = inference.file_sha256(str(model))
+    monkeypatch.setenv(gates.SWAP_PATH_VAR, str(model))  # spawned processes inherit it
+    pool = InferencePool(
+        _config(str(model), handler="tests.worker.gates:SwappingHandler", model_sha256=pin)
+    )
+    await pool.start()
+    try:
+        async with pool.lease() as lease:
+            loaded = await lease.run(gates.loaded_sha256)
+    finally:
+        await pool.close()
+    assert model.read_bytes() == b"bytes nobody pinned"  # the swap happened
+    assert loaded == pin  # yet what was loaded is what was checked
+
+
+def test_a_dead_process_not_yet_reaped_is_not_alive():
+    # A pool process that exits while idle is a zombie until its executor reaps it:
+    # `kill(pid, 0)` still succeeds then, and the pool would lease a dead process.
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        deadline = time.monotonic() + 30
+        while _state(child.pid) != "Z":  # exited; not reaped, as nobody waited for it
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert pool_module._alive(child.pid) is False
+    finally:
+        child.wait()
+    assert pool_module._alive(os.getpid()) is True
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as fh:
+        return fh.read().rsplit(")", 1)[1].split()[0]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -12,6 +13,7 @@ import urllib.request
 from typing import Any
 
 import numpy as np
+import psutil
 import pytest
 
 from sqsinfer.lab import standin, synthetic
@@ -175,3 +177,102 @@ def test_start_up_problems_exit_1_naming_the_setting(stage: Stage, model_path, w
     assert result.returncode == 1
     setting = {"queue": "SQSINFER_QUEUE_URL", "sha": "SQSINFER_MODEL_SHA256"}[which]
     assert f"cannot start: {setting}" in result.stderr
+
+
+# -- what a killed worker leaves behind ---------------------------------------------------
+def _tree(process: subprocess.Popen[str]) -> tuple[list[psutil.Process], list[psutil.Process]]:
+    """The worker's inference processes and its resource tracker."""
+    children = psutil.Process(process.pid).children()
+    spawned = [c for c in children if "spawn_main" in " ".join(c.cmdline())]
+    trackers = [c for c in children if "resource_tracker" in " ".join(c.cmdline())]
+    return spawned, trackers
+
+
+def _shm_mapped(processes: list[psutil.Process]) -> set[str]:
+    """The /dev/shm entries these processes have mapped (and that still have a name)."""
+    found = set()
+    for proc in processes:
+        with open(f"/proc/{proc.pid}/maps") as maps:
+            for line in maps:
+                fields = line.split(maxsplit=5)
+                path = fields[5].strip() if len(fields) == 6 else ""
+                if path.startswith("/dev/shm/") and not path.endswith("(deleted)"):
+                    found.add(path)
+    return found
+
+
+def _gone(processes: list[psutil.Process]) -> bool:
+    """Exited (a zombie not yet reaped by its new parent counts: it holds nothing)."""
+    for proc in processes:
+        try:
+            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                return False
+        except psutil.NoSuchProcess:
+            pass
+    return True
+
+
+def _kill_all(processes: list[psutil.Process]) -> None:
+    for proc in processes:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+
+
+def _busy_worker(stage: Stage, model_path: str) -> tuple[subprocess.Popen[str], dict[str, str]]:
+    """A worker with two processes that has run a few tasks, with one still computing."""
+    for i in range(3):
+        stage.send({"task_id": f"k{i}", "input": _slow_input(stage, f"k{i}.npy", 0.1)})
+    stage.send({"task_id": "long", "input": _slow_input(stage, "long.npy", 60)})
+    env = _env(stage, model_path, SQSINFER_PROCESSES="2")
+    process = _start(env)
+    try:
+        _wait_ready(process, env["SQSINFER_HEALTH_PORT"])
+        _wait_until(lambda: stage.counts(stage.queue_url) == (0, 1) and len(stage.outputs()) == 3)
+    except BaseException:
+        main = psutil.Process(process.pid)
+        _kill_all([*main.children(), main])
+        raise
+    return process, env
+
+
+def test_children_and_the_tracker_follow_a_killed_parent_and_leave_no_shm(stage: Stage, model_path):
+    # An OOM kill of the worker's main process alone: nothing may outlive it for long.
+    process, _ = _busy_worker(stage, model_path)
+    main = psutil.Process(process.pid)
+    spawned, trackers = _tree(process)
+    try:
+        assert len(spawned) == 2 and len(trackers) == 1
+        held = _shm_mapped([main, *spawned])
+        assert held  # the input segments, at least
+        process.kill()
+        process.wait()
+        _wait_until(lambda: _gone(spawned), timeout_s=5)
+        _wait_until(lambda: _gone(trackers), timeout_s=5)
+    finally:
+        _kill_all([main, *spawned, *trackers])
+        process.wait()
+        process.stderr.close()  # type: ignore[union-attr]
+    assert {path for path in held if os.path.exists(path)} == set()
+
+
+def test_a_new_worker_sweeps_what_a_killed_worker_tree_left_in_dev_shm(stage: Stage, model_path):
+    # A pod killed outright: the worker, its processes and its resource tracker at once.
+    process, env = _busy_worker(stage, model_path)
+    main = psutil.Process(process.pid)
+    spawned, trackers = _tree(process)
+    held = _shm_mapped([main, *spawned])
+    _kill_all([main, *spawned, *trackers])
+    process.wait()
+    process.stderr.close()  # type: ignore[union-attr]
+    _wait_until(lambda: _gone(spawned + trackers), timeout_s=5)
+    assert {path for path in held if os.path.exists(path)}  # a SIGKILL cleans up nothing
+    env |= {"SQSINFER_HEALTH_PORT": str(standin.free_port())}
+    successor = _start(env)
+    try:
+        _wait_ready(successor, env["SQSINFER_HEALTH_PORT"])
+    finally:
+        successor.send_signal(signal.SIGTERM)
+        _, stderr = successor.communicate(timeout=60)
+    assert {path for path in held if os.path.exists(path)} == set()
+    swept = [line for line in _lines(stderr) if line["msg"] == "swept what dead workers left"]
+    assert len(swept) == 1 and swept[0]["segments"] >= 1, swept

@@ -19,8 +19,17 @@ class XGBoostHandler:
 
         if not model_path.endswith((".ubj", ".json")):
             raise ModelLoadError(f"XGBoost model must be .ubj or .json, got {model_path}")
-        booster = xgboost.Booster()
-        booster.load_model(model_path)  # UBJSON/JSON parser only: never pickle
+        self._use(xgboost.Booster(), model_path, threads)
+
+    def load_bytes(self, data: bytes, threads: int) -> None:
+        """The model from the pinned file's bytes (their sha256 was checked). XGBoost
+        tells UBJSON from JSON by itself and refuses anything else."""
+        import xgboost
+
+        self._use(xgboost.Booster(), bytearray(data), threads)
+
+    def _use(self, booster: Any, model: str | bytearray, threads: int) -> None:
+        booster.load_model(model)  # UBJSON/JSON parser only: never pickle
         booster.set_param({"nthread": threads})
         self.booster = booster
         self.n_features = booster.num_features()

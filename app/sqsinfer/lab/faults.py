@@ -4,9 +4,10 @@ moto never throttles, never answers 409 `ConditionalRequestConflict` and never d
 connection; real AWS does all three. Put this proxy in front of the moto server and
 point the worker's endpoint setting at it, exactly as it would point at AWS. Per
 operation and at seeded random rates it answers S3 503 `SlowDown` / 500, S3 409 on
-conditional puts, SQS 500 / throttling, adds latency, and closes connections after
-the real answer came back but before the client read all of it (the request took
-effect; the client cannot know).
+conditional puts, SQS 500 / throttling, adds latency, holds visibility changes back
+(a stalled call that still lands, late), and closes connections after the real answer
+came back but before the client read all of it (the request took effect; the client
+cannot know).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ _SKIP_HEADERS = frozenset({"transfer-encoding", "connection", "content-length", 
 DROP_DEFAULT_OPERATIONS = frozenset(
     {"GetObject", "PutObject", "ReceiveMessage", "DeleteMessageBatch"}
 )
+VISIBILITY_OPERATIONS = frozenset({"ChangeMessageVisibility", "ChangeMessageVisibilityBatch"})
 
 
 @dataclass
@@ -48,6 +50,12 @@ class FaultPlan:
     drop_operations: frozenset[str] = DROP_DEFAULT_OPERATIONS
     spare_operations: frozenset[str] = frozenset()  # never faulted (e.g. set-up calls)
     refuse_credentials: bool = False  # answer everything as AWS does to a bad key
+    # Visibility changes held this long before they are forwarded: a stalled call that
+    # still takes effect, late. At this rate, for at most `visibility_delay_calls` calls
+    # (0: no limit).
+    visibility_delay_s: float = 0.0
+    visibility_delay_rate: float = 0.0
+    visibility_delay_calls: int = 0
 
 
 @dataclass(frozen=True)
@@ -172,6 +180,20 @@ class FaultProxy:
             return self._count(op, "500", _sqs_error(500, "InternalError", "Injected error."))
         return None
 
+    def _delays(self, op: Operation) -> bool:
+        """Whether to hold this visibility change back (and count it as held)."""
+        p = self.plan
+        if op.name not in VISIBILITY_OPERATIONS or p.visibility_delay_s <= 0:
+            return False
+        if p.visibility_delay_calls and self.counts["sqs:visibility_delayed"] >= (
+            p.visibility_delay_calls
+        ):
+            return False
+        if not self._chance(p.visibility_delay_rate):
+            return False
+        self.counts["sqs:visibility_delayed"] += 1
+        return True
+
     def _count(self, op: Operation, kind: str, response: web.Response) -> web.Response:
         self.counts[f"{op.service}:{kind}"] += 1
         return response
@@ -180,6 +202,8 @@ class FaultProxy:
         op = classify(request.method, request.path, request.query_string, request.headers)
         if self.plan.latency_ms > 0 and op.name not in self.plan.spare_operations:
             await asyncio.sleep(self._rng.uniform(0, self.plan.latency_ms) / 1000)
+        if self._delays(op):
+            await asyncio.sleep(self.plan.visibility_delay_s)
         injected = self._injected(op)
         if injected is not None:
             return injected
@@ -245,7 +269,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--target", required=True, help="the endpoint to front (loopback only)")
     p.add_argument("--port", type=int, default=0, help="port to listen on (0: any free)")
     p.add_argument("--seed", type=int, default=0)
-    for name in ("s3_5xx", "s3_conflict", "sqs_errors", "latency_ms", "drop"):
+    rates = ("s3_5xx", "s3_conflict", "sqs_errors", "latency_ms", "drop")
+    for name in (*rates, "visibility_delay_s", "visibility_delay_rate"):
         p.add_argument("--" + name.replace("_", "-"), type=float, default=0.0)
     p.set_defaults(func=_command)
 
@@ -261,6 +286,8 @@ def _command(args: argparse.Namespace) -> int:
         sqs_errors=args.sqs_errors,
         latency_ms=args.latency_ms,
         drop=args.drop,
+        visibility_delay_s=args.visibility_delay_s,
+        visibility_delay_rate=args.visibility_delay_rate,
     )
     try:
         target = check_target(args.target)

@@ -1,0 +1,86 @@
+"""The visibility keeper against stalled calls: held messages never lapse, and an
+extension under way never undoes a message's hand-back."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from sqsinfer.lab import synthetic
+from sqsinfer.lab.faults import FaultPlan, FaultProxy
+from tests.conftest import Stage, eventually, outcome_count, running
+from tests.worker.test_lifecycle import Poacher
+
+DELAYED = "sqs:visibility_delayed"
+
+
+def _input(stage: Stage, name: str, first_cell: float = 0.0) -> str:
+    rows = np.ones((2, 3), dtype=np.float32)
+    rows[0, 0] = first_cell
+    return stage.put_input(name, synthetic.encode_input(rows, "npy"))
+
+
+def _stall_first_visibility_call(stage: Stage, seconds: float) -> FaultProxy:
+    plan = FaultPlan(
+        visibility_delay_s=seconds, visibility_delay_rate=1.0, visibility_delay_calls=1
+    )
+    return FaultProxy(stage.endpoint, plan)
+
+
+async def test_one_stalled_extension_call_lets_no_held_message_lapse(stage: Stage, make_settings):
+    # An 8 s stall of the first ChangeMessageVisibilityBatch against a 6 s visibility: a
+    # keeper that waits for it lets the message lapse while it is being computed.
+    proxy = _stall_first_visibility_call(stage, 8.0)
+    await proxy.start()
+    stage.send({"task_id": "slow", "input": _input(stage, "slow.npy", first_cell=10)})
+    settings = make_settings(
+        handler="tests.handlers:ScriptedHandler",
+        endpoint_url=proxy.url,
+        visibility_timeout_s=6,
+        heartbeat_s=2,
+    )
+    try:
+        async with running(settings) as worker:
+            with Poacher(stage) as poacher:
+                await eventually(lambda: outcome_count(worker, "committed") == 1, timeout_s=40)
+    finally:
+        await proxy.stop()
+    assert proxy.counts[DELAYED] == 1  # the stall happened
+    assert poacher.got == []  # and nobody else was handed the message meanwhile
+    assert worker.metrics.outcomes == {"committed": 1}
+    assert stage.counts(stage.queue_url) == (0, 0)
+
+
+async def test_an_extension_under_way_cannot_undo_a_retry_delay(
+    stage: Stage, make_settings, tmp_path
+):
+    # The first extension is held back 1.5 s by the proxy; while it is held, the task
+    # fails (a transient error) and its message is handed back with a ~3 s retry delay.
+    # Sent first and landing second, the extension would hide it for a whole 12 s timeout.
+    model = tmp_path / "model.bin"
+    model.write_bytes(b"any")
+    gate = tmp_path / "model.bin.go"
+    proxy = _stall_first_visibility_call(stage, 1.5)
+    await proxy.start()
+    stage.send({"task_id": "gated", "input": _input(stage, "gated.npy")})
+    settings = make_settings(
+        handler="tests.worker.gates:GatedHandler",
+        model_path=str(model),
+        endpoint_url=proxy.url,
+        visibility_timeout_s=12,
+        heartbeat_s=4,
+        retry_base_s=3,
+    )
+    try:
+        async with running(settings) as worker:
+            await eventually(lambda: proxy.counts[DELAYED] == 1, timeout_s=30)
+            held_back_at = time.monotonic()
+            gate.write_text("fail")
+            await eventually(lambda: outcome_count(worker, "retried") == 1, timeout_s=10)
+        # Whatever order the two calls were sent in, both have landed by now.
+        assert time.monotonic() - held_back_at < 4.0  # still inside the retry delay
+        await eventually(lambda: stage.counts(stage.queue_url) == (1, 0), timeout_s=6)
+    finally:
+        await proxy.stop()
+    assert worker.metrics.outcomes == {"retried": 1}
