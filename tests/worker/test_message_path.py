@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 
-from sqsinfer.lab import synthetic
 from sqsinfer.lab.faults import SDK_ATTEMPTS, FaultPlan
 from sqsinfer.queue import DETAIL_ATTR, REASON_ATTR
 from tests.conftest import (
@@ -21,16 +19,7 @@ from tests.conftest import (
     sample,
 )
 from tests.handlers import KILL, PREDICTIONS_FILE_ENV
-
-
-def _input(stage: Stage, name: str, first_cell: float = 0.0) -> str:
-    rows = np.ones((2, 3), dtype=np.float32)
-    rows[0, 0] = first_cell
-    return stage.put_input(name, synthetic.encode_input(rows, "npy"))
-
-
-def _scripted(make_settings, **overrides):
-    return make_settings(handler="tests.handlers:ScriptedHandler", **overrides)
+from tests.worker.test_lifecycle import _input, _scripted
 
 
 def _dead(stage: Stage) -> list[tuple[str, str, str]]:
