@@ -16,8 +16,8 @@ when the owner's intent is older than `chain_settle_s`, or at once when the owne
 earlier receive of this same message (whose visibility lapsed, so it is not working on
 it any more). What can still put a second message on the next stage is counted in
 `sqsinfer_chain_duplicates_total` and logged with the task id:
-- possible: a send whose answer was lost and was sent again; a link taken over from an
-  owner that may have sent before it died or stalled;
+- possible: each send attempt whose answer was lost (it may have gone out, and the link
+  is sent again); a link taken over from an owner that may have sent before it died;
 - certain: an owner that sent and then found the link recorded as sent by another.
 A certain duplicate was counted as possible by the delivery that took it over too, so
 `possible` alone bounds the extra messages from above, and `certain` from below.
@@ -175,17 +175,13 @@ class Linker:
     async def _send_and_record(
         self, uri: S3Uri, delivery: Delivery, task: Task, claim: Claim
     ) -> None:
-        body = next_stage_body(task)
-        sent_id, unsure = await self._send(uri, delivery, claim, body)
-        if claim.inherited_doubt or unsure:
-            cause = "lost send answer" if unsure else "link taken over"
-            self._count(DuplicateKind.POSSIBLE, delivery, cause)
+        sent_id = await self._send(uri, delivery, claim, next_stage_body(task))
+        if claim.inherited_doubt:  # the owner it took over from may have sent before dying
+            self._count(DuplicateKind.POSSIBLE, delivery, "link taken over")
         await self._record(uri, delivery, claim, sent_id)
 
-    async def _send(
-        self, uri: S3Uri, delivery: Delivery, claim: Claim, body: str | bytes
-    ) -> tuple[str, bool]:
-        """Send, retrying here: (message id, whether an earlier attempt may have gone out)."""
+    async def _send(self, uri: S3Uri, delivery: Delivery, claim: Claim, body: str | bytes) -> str:
+        """Send, retrying here; each attempt that may have gone out counts as possible."""
         unsure = False
         last: Exception | None = None
         for attempt in range(SEND_ATTEMPTS):
@@ -195,15 +191,17 @@ class Linker:
                     # Taken over while retrying: the new owner sends and counts any doubt.
                     raise LinkNotSent("chain_taken_over", "link taken over while sending")
             try:
-                return await self.sender.send(body), unsure
+                return await self.sender.send(body)
             except Exception as exc:
-                last = exc
-                unsure = unsure or may_have_taken_effect(exc)
+                last, maybe_sent = exc, may_have_taken_effect(exc)
                 log.warning(
                     "next stage send failed: %s",
                     exc,
-                    extra=delivery.log_fields | {"attempt": attempt + 1, "maybe_sent": unsure},
+                    extra=delivery.log_fields | {"attempt": attempt + 1, "maybe_sent": maybe_sent},
                 )
+                if maybe_sent:  # one more message may be on the next stage already
+                    unsure = True
+                    self._count(DuplicateKind.POSSIBLE, delivery, "lost send answer")
         if not unsure and not claim.inherited_doubt:
             # Nothing went out: hand the link back clean. Otherwise the intent stays, and
             # whoever takes it over counts a possible duplicate.

@@ -65,6 +65,7 @@ class FaultPlan:
     send_drop_queue: str = ""  # only sends to a queue whose URL ends in this ("": any)
     marker_failures: float = 0.0  # `.chain` PUTs that start a burst of 503s (once per key)
     marker_burst: int = SDK_ATTEMPTS  # 503s in a row per burst
+    marker_burst_max: int = 0  # above marker_burst: each burst's length drawn up to this
     marker_updates_only: bool = False  # only the marker's If-Match rewrites, not its creation
     failing: dict[str, float] = field(default_factory=dict)  # operation -> rate of 500s
     delays_s: dict[str, float] = field(default_factory=dict)  # operation -> seconds added
@@ -211,9 +212,13 @@ class FaultProxy:
         left = self._marker_bursts.get(op.key)
         if left is None:
             chosen = self._chance(self.plan.marker_failures) and self._allowed(op, "marker_503")
-            left = self.plan.marker_burst if chosen else 0
+            left = self._burst_length() if chosen else 0
         self._marker_bursts[op.key] = max(0, left - 1)
         return left > 0
+
+    def _burst_length(self) -> int:
+        low, high = self.plan.marker_burst, self.plan.marker_burst_max
+        return self._rng.randint(low, high) if high > low else low
 
     def _random(self, op: Operation) -> web.Response | None:
         p = self.plan
@@ -355,6 +360,14 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--marker-burst", type=int, default=SDK_ATTEMPTS, help="503s in a row per marker burst"
     )
+    p.add_argument(
+        "--marker-burst-max", type=int, default=0, help="draw each burst's length up to this"
+    )
+    p.add_argument(
+        "--marker-updates-only",
+        action="store_true",
+        help="fail only the marker's If-Match rewrites (its 'sent' record), not its creation",
+    )
     p.set_defaults(func=_command)
 
 
@@ -366,6 +379,8 @@ def _command(args: argparse.Namespace) -> int:
         seed=args.seed,
         send_drop_queue=args.send_drop_queue,
         marker_burst=args.marker_burst,
+        marker_burst_max=args.marker_burst_max,
+        marker_updates_only=args.marker_updates_only,
         **{name: getattr(args, name) for name in _RATES},
     )
     try:
