@@ -56,6 +56,9 @@ WRITE_ATTEMPTS = 4
 _RETRY = Backoff(base_s=0.2, max_s=2.0)
 # How often a delivery waiting on another's intent looks at the marker again.
 _RECHECK = Backoff(base_s=0.1, max_s=2.0)
+# Conditional writes of the marker that may lose to others before the link is given up
+# (each loss means another delivery moved it on: this many only under a storm).
+_MAX_LOST_WRITES = 10
 
 
 class LinkState(StrEnum):
@@ -135,12 +138,13 @@ class Linker:
         self, uri: S3Uri, delivery: Delivery, on_waiting: Callable[[], None]
     ) -> Claim | None:
         marker = await self._read(uri)
-        checks = 0
-        while True:
+        checks = lost = 0
+        while lost < _MAX_LOST_WRITES:
             if marker is None:
                 etag = await self._write(uri, delivery, LinkState.SENDING, create=True)
                 if etag is not None:
                     return Claim(etag, inherited_doubt=False)
+                lost += 1
             elif marker.state == LinkState.SENT:
                 return None
             elif marker.delivery == delivery.delivery_id and marker.state == LinkState.SENDING:
@@ -149,12 +153,14 @@ class Linker:
                 etag = await self._write(uri, delivery, LinkState.SENDING, etag=marker.etag)
                 if etag is not None:
                     return self._took_over(marker, delivery, etag)
+                lost += 1
             else:
                 on_waiting()
                 wait_s = min(_RECHECK.delay_s(checks), self.settle_s - marker.age_s)
                 checks += 1
                 await asyncio.sleep(max(0.05, wait_s))
             marker = await self._read(uri)
+        raise LinkNotSent("chain_contended", f"{uri} kept changing under this delivery")
 
     def _may_take(self, marker: Marker, delivery: Delivery) -> bool:
         if marker.state == LinkState.RELEASED:

@@ -7,8 +7,14 @@ import json
 
 import numpy as np
 
+from sqsinfer.aws import open_clients
+from sqsinfer.chain import SEND_ATTEMPTS, Delivery, Linker
 from sqsinfer.lab import synthetic
 from sqsinfer.lab.faults import FaultPlan
+from sqsinfer.messages import S3Uri, Task
+from sqsinfer.metrics import Metrics
+from sqsinfer.queue import Sender
+from sqsinfer.storage import Storage
 from tests.conftest import Stage, eventually, fault_proxy, outcome_count, running, sample
 from tests.worker.test_lifecycle import Poacher
 
@@ -207,3 +213,45 @@ async def test_waiting_for_another_deliverys_link_holds_the_message(stage: Stage
     assert sample(worker.metrics, "sqsinfer_visibility_extensions_total") >= 1
     assert _next_inputs(stage) == [f"s3://{stage.bucket}/out/theirs.npy"]
     assert _counted(worker) == (0, 1)  # taken over from a delivery presumed dead
+
+
+async def test_a_send_sqs_refused_hands_the_link_back_clean(stage: Stage, make_settings):
+    """Refused on every attempt: nothing went out, so the next delivery counts nothing."""
+    stage.send({"task_id": "m4", "input": _input(stage, "a.npy")})
+    async with fault_proxy(stage, FaultPlan(refusing={"SendMessage": 1.0})) as proxy:
+        settings = _scripted(make_settings, stage, endpoint_url=proxy.url, chain_settle_s=600)
+        async with running(settings) as worker:
+            await eventually(lambda: outcome_count(worker, "committed") == 1)
+            assert _marker(stage, "m4")["state"] == "released"
+            proxy.plan.refusing = {}
+            await eventually(lambda: outcome_count(worker, "duplicate") == 1)
+    assert proxy.counts["sqs:SendMessage_400"] == SEND_ATTEMPTS
+    assert _next_inputs(stage) == [f"s3://{stage.bucket}/out/m4.npy"]
+    assert _counted(worker) == (0, 0)
+    assert _marker(stage, "m4")["state"] == "sent"
+
+
+async def test_an_owner_whose_sent_link_was_taken_over_and_sent_counts_it_certain(stage: Stage):
+    """Two linkers on one output: the owner stalls past the settle, another takes over."""
+    task = Task(
+        "t", S3Uri(stage.bucket, "in/t.npy"), S3Uri(stage.bucket, "out/t.npy"), "npy", "npy"
+    )
+    owner_metrics, taker_metrics = Metrics(), Metrics()
+    async with open_clients("us-east-1", stage.endpoint) as clients:
+        storage = Storage(clients.s3)
+        sender = Sender(clients.sqs_single_attempt, stage.next_url)
+        owner = Linker(storage, sender, owner_metrics, settle_s=600)
+        taker = Linker(storage, sender, taker_metrics, settle_s=0)  # presumes every intent dead
+        first = Delivery("first", "message-1", "t")
+        claim = await owner.claim(first, task.output, lambda: None)
+        assert claim is not None
+        second = Delivery("second", "message-2", "t")
+        took = await taker.claim(second, task.output, lambda: None)
+        assert took is not None and took.inherited_doubt
+        await taker.hand_on(second, task, took)
+        await owner.hand_on(first, task, claim)  # the stalled owner goes on and sends
+    assert len(stage.drain_queue(stage.next_url)) == 2
+    name = "sqsinfer_chain_duplicates_total"
+    assert sample(taker_metrics, name, kind="possible") == 1
+    assert sample(owner_metrics, name, kind="certain") == 1
+    assert _marker(stage, "t")["delivery"] == "second"

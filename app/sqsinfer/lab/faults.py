@@ -68,6 +68,7 @@ class FaultPlan:
     marker_burst_max: int = 0  # above marker_burst: each burst's length drawn up to this
     marker_updates_only: bool = False  # only the marker's If-Match rewrites, not its creation
     failing: dict[str, float] = field(default_factory=dict)  # operation -> rate of 500s
+    refusing: dict[str, float] = field(default_factory=dict)  # operation -> rate of 400s
     delays_s: dict[str, float] = field(default_factory=dict)  # operation -> seconds added
     limits: dict[str, int] = field(default_factory=dict)  # fault kind (a `counts` key) -> most
 
@@ -197,9 +198,11 @@ class FaultProxy:
         """The rules aimed at one path: marker write bursts and failing operations."""
         if op.marker and self._marker_fails(op):
             return self._count(op, "marker_503", _s3_error(503, "SlowDown", "Injected burst."))
+        error = _sqs_error if op.service == "sqs" else _s3_error
         if self._chance(self.plan.failing.get(op.name, 0.0)):
-            error = _sqs_error if op.service == "sqs" else _s3_error
             return self._count(op, f"{op.name}_500", error(500, "InternalError", "Injected."))
+        if self._chance(self.plan.refusing.get(op.name, 0.0)):  # never reached the service
+            return self._count(op, f"{op.name}_400", error(400, "RequestThrottled", "Refused."))
         return None
 
     def _marker_fails(self, op: Operation) -> bool:
