@@ -16,6 +16,7 @@ import pytest
 
 from sqsinfer.config import Settings
 from sqsinfer.lab import standin, synthetic
+from sqsinfer.lab.faults import FaultPlan, FaultProxy
 from sqsinfer.worker import Worker
 
 N_FEATURES = 8
@@ -156,6 +157,17 @@ async def running(settings: Settings) -> AsyncIterator[Worker]:
     finally:
         worker.stop()
         await asyncio.wait_for(serving, 60)
+
+
+@contextlib.asynccontextmanager
+async def fault_proxy(stage: Stage, plan: FaultPlan) -> AsyncIterator[FaultProxy]:
+    """The fault proxy in front of the stage's moto server, in this event loop."""
+    proxy = FaultProxy(stage.endpoint, plan)
+    await proxy.start()
+    try:
+        yield proxy
+    finally:
+        await proxy.stop()
 
 
 async def eventually(check: Callable[[], bool], timeout_s: float = 30.0) -> None:

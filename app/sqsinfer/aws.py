@@ -10,9 +10,15 @@ from typing import Any
 import aioboto3
 from aiobotocore.config import AioConfig
 from botocore.exceptions import ClientError
+from botocore.exceptions import ConnectionError as NotConnected
 
 # Connections beyond the in-flight bound: the keeper, the receive loop, DLQ and chain sends.
 _SPARE_CONNECTIONS = 8
+# The SDK's retries after the first attempt (botocore's `max_attempts` counts retries).
+SDK_RETRIES = 3
+# A next-stage send is retried by the worker itself, which must see each lost answer; an
+# attempt that hears nothing for this long counts as one that may have reached SQS.
+SINGLE_ATTEMPT_READ_TIMEOUT_S = 10.0
 
 
 def error_code(exc: BaseException) -> str:
@@ -27,18 +33,32 @@ def http_status(exc: BaseException) -> int:
     return 0
 
 
+def may_have_taken_effect(exc: BaseException) -> bool:
+    """Whether a failed request may still have been carried out by the service.
+
+    No: the service answered with a refusal (4xx, throttling included), or no connection
+    was made. Yes: a 5xx, a timeout or a connection closed while waiting for the answer.
+    """
+    if isinstance(exc, ClientError):
+        return http_status(exc) >= 500 or http_status(exc) == 0
+    return not isinstance(exc, NotConnected)
+
+
 @dataclass
 class Clients:
     s3: Any
     sqs: Any
+    sqs_single_attempt: Any  # no SDK retries: for sends whose retries the worker counts
 
 
-def client_config(connections: int, read_timeout_s: float = 60.0) -> AioConfig:
+def client_config(
+    connections: int, read_timeout_s: float = 60.0, retries: int = SDK_RETRIES
+) -> AioConfig:
     return AioConfig(
         max_pool_connections=connections,
         connect_timeout=5,
         read_timeout=read_timeout_s,
-        retries={"mode": "standard", "max_attempts": 3},
+        retries={"mode": "standard", "max_attempts": retries},
         # The SDK's per-call CPU is most of the worker's own: skip what buys nothing here.
         # Parameters are built by this code, not by users; S3 checksums of every body
         # (computed in Python on PUT, verified on GET) are left to TLS and S3's own MD5.
@@ -57,5 +77,12 @@ async def open_clients(
     kwargs: dict[str, Any] = {"region_name": region, "config": config}
     if endpoint_url:
         kwargs["endpoint_url"] = endpoint_url
-    async with session.client("s3", **kwargs) as s3, session.client("sqs", **kwargs) as sqs:
-        yield Clients(s3=s3, sqs=sqs)
+    single = kwargs | {
+        "config": client_config(_SPARE_CONNECTIONS, SINGLE_ATTEMPT_READ_TIMEOUT_S, retries=0)
+    }
+    async with (
+        session.client("s3", **kwargs) as s3,
+        session.client("sqs", **kwargs) as sqs,
+        session.client("sqs", **single) as sqs_single_attempt,
+    ):
+        yield Clients(s3=s3, sqs=sqs, sqs_single_attempt=sqs_single_attempt)

@@ -105,7 +105,7 @@ class Settings:
     max_task_time_s: float = _opt(900.0, "a task running longer is abandoned and retried", float)
     chain_settle_s: float = _opt(
         30.0,
-        "a delivery that finds another's fresh output waits this long for its chain link",
+        "a delivery that finds another's chain intent waits this long, then takes the link over",
         float,
     )
     max_message_bytes: int = _opt(262_144, "largest message body accepted", int)

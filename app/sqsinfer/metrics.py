@@ -14,6 +14,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from sqsinfer.outcomes import Outcome
 
 
+class DuplicateKind(StrEnum):
+    """The `kind` label of sqsinfer_chain_duplicates_total."""
+
+    CERTAIN = "certain"  # this delivery saw that another also sent the next stage's message
+    POSSIBLE = "possible"  # a send may have gone out twice: a lost answer, or a link taken over
+
+
 class Phase(StrEnum):
     """A timed part of a message's life: the `phase` label of sqsinfer_phase_seconds."""
 
@@ -90,7 +97,8 @@ class Metrics:
         )
         self.chain_duplicates = Counter(
             "sqsinfer_chain_duplicates",
-            "Next-stage messages sent by two deliveries at once (a race window)",
+            "Next-stage messages that were, or may have been, sent a second time, by kind",
+            ["kind"],
             registry=r,
         )
         self.aws_errors = Counter(
@@ -101,6 +109,8 @@ class Metrics:
             self.tasks.labels(outcome)  # every outcome shows 0 before it first happens
         for phase in Phase:
             self.phase_seconds.labels(phase)
+        for kind in DuplicateKind:
+            self.chain_duplicates.labels(kind)
 
     def observe(self, phase: Phase, seconds: float) -> None:
         self.phase_seconds.labels(phase).observe(seconds)

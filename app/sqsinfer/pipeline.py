@@ -1,73 +1,76 @@
 """What happens to one message, from parse to delete, and the one outcome it ends in.
 
     parse ─bad─▶ DLQ + delete (rejected)
-    HEAD output ─exists─▶ chain link, delete (duplicate)
+    another message of this worker on the same output ─▶ wait for it to finish
+    HEAD output ─exists─▶ another task's? DLQ (rejected) : chain link, delete (duplicate)
     GET input → shared memory → wait for a process → decode, predict, encode (child)
-    conditional PUT ─412─▶ chain link, delete (duplicate)
+    conditional PUT ─412─▶ another task's? DLQ (rejected) : chain link, delete (duplicate)
                     ─200─▶ chain link, delete (committed)
-    transient failure ─▶ visibility backoff (retried) · shutdown ─▶ visibility 0 (released)
+    transient failure ─▶ visibility backoff (retried); on the last receive the redrive
+        policy allows: DLQ with reason `retries_exhausted` (rejected)
+    shutdown ─▶ visibility 0 (released)
 
-The worker module owns the lifecycle; this module owns the steps and their outcomes.
+The write decides the outcome: a delivery whose conditional put stood ends as
+`committed` whatever happens to its message afterwards, so across the fleet committed
+outcomes equal outputs written. The worker module owns the lifecycle; this module owns
+the steps and their outcomes; `chain` owns the link to the next stage.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-import math
 import time
 import uuid
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-import orjson
-
 from sqsinfer import backoff, formats, inference
 from sqsinfer.aws import error_code
+from sqsinfer.chain import Delivery, Linker, LinkNotSent
 from sqsinfer.config import Settings
 from sqsinfer.errors import InputError
-from sqsinfer.messages import (
-    MessageRejected,
-    MessageRules,
-    S3Uri,
-    Task,
-    next_stage_body,
-    parse_task,
-)
+from sqsinfer.messages import MessageRejected, MessageRules, S3Uri, Task, parse_task
 from sqsinfer.metrics import Metrics, Phase
 from sqsinfer.outcomes import Outcome
 from sqsinfer.pool import InferencePool
 from sqsinfer.queue import Message, Sender, SqsQueue, dead_letter_attributes
-from sqsinfer.storage import Storage
+from sqsinfer.storage import ObjectInfo, Storage
 
 log = logging.getLogger("sqsinfer.task")
 
-CHAIN_MARKER_SUFFIX = ".chain"
+RETRIES_EXHAUSTED = "retries_exhausted"
+OUTPUT_CONFLICT = "output_conflict"
+# A cancelled task waits this long for a step already under way whose effect cannot be
+# undone (a DLQ copy, a next-stage send): the message is then deleted, not released.
+_UNDER_WAY_WAIT_S = 3.0
 
 
 class Step(StrEnum):
     """How far a held message's task has come (the worker's shutdown reads it)."""
 
     RECEIVED = "received"
+    WAITING_OUTPUT = "waiting_output"  # for another message of this worker on the same output
     CHECKING = "checking"
     FETCHING = "fetching"
     WAITING = "waiting"  # for an idle inference process
     COMPUTING = "computing"
     COMMITTING = "committing"
+    LINK_WAIT = "link_wait"  # for another delivery's chain link (released freely)
+    LINKING = "linking"  # owns the chain link: sending the next stage's message
+    REJECTING = "rejecting"  # copying the message to the DLQ
     SETTLED = "settled"  # its outcome is decided and its message handed back or deleted
 
 
 # Steps after which shutdown lets a task finish instead of releasing its message.
-STARTED_STEPS = frozenset({Step.COMPUTING, Step.COMMITTING, Step.SETTLED})
-
-
-class ChainPending(Exception):
-    """Another delivery wrote the output moments ago and has not linked it yet."""
-
-    def __init__(self, wait_s: float) -> None:
-        super().__init__(f"chain link pending for {wait_s:.1f} s")
-        self.wait_s = wait_s
+STARTED_STEPS = frozenset(
+    {Step.COMPUTING, Step.COMMITTING, Step.LINKING, Step.REJECTING, Step.SETTLED}
+)
+# Steps short and worth landing even after the drain deadline (the commit grace).
+FINISHING_STEPS = frozenset({Step.COMMITTING, Step.LINKING, Step.REJECTING, Step.SETTLED})
 
 
 @dataclass(eq=False)
@@ -82,10 +85,18 @@ class Held:
     reason: str = ""
     timings: dict[str, float] = field(default_factory=dict)
     delivery_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    wrote: bool = False  # this delivery's conditional put of the output stood
+    # A step whose effect outlives a cancel, and the outcome the message has once it is done.
+    under_way: tuple[asyncio.Future[Any], Outcome] | None = None
 
     @property
     def started(self) -> bool:
         return self.step in STARTED_STEPS
+
+    def final(self, outcome: Outcome) -> Outcome:
+        """The write decides: a delivery that wrote the output is `committed`, however its
+        message was settled (a failed delete, a retried link, the DLQ on its last receive)."""
+        return Outcome.COMMITTED if self.wrote else outcome
 
 
 class Timer:
@@ -105,9 +116,33 @@ class Timer:
         self.metrics.observe(self.phase, seconds)
 
 
-def chain_marker(output: S3Uri) -> S3Uri:
-    """The small object that says "the next stage has been sent this output"."""
-    return S3Uri(output.bucket, output.key + CHAIN_MARKER_SUFFIX)
+class OutputVanished(Exception):
+    """The output existed at the conditional put and not at the HEAD after it."""
+
+
+class OutputLocks:
+    """One lock per output key in flight in this worker: a second message for an output
+    waits for the first to finish, then looks again (instead of computing it twice)."""
+
+    def __init__(self) -> None:
+        self._locks: dict[S3Uri, tuple[asyncio.Lock, int]] = {}
+
+    def busy(self, uri: S3Uri) -> bool:
+        return uri in self._locks
+
+    @contextlib.asynccontextmanager
+    async def hold(self, uri: S3Uri) -> AsyncIterator[None]:
+        lock, users = self._locks.get(uri, (asyncio.Lock(), 0))
+        self._locks[uri] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[uri]
+            if users == 1:
+                del self._locks[uri]
+            else:
+                self._locks[uri] = (lock, users - 1)
 
 
 @dataclass
@@ -117,10 +152,19 @@ class Pipeline:
     storage: Storage
     queue: SqsQueue
     dead_letters: Sender
-    next_stage: Sender | None
+    next_stage: Sender | None  # its client must not retry sends: `chain` counts each lost answer
     pool: InferencePool
     metrics: Metrics
     model_sha256: str
+    max_receive_count: int | None = None  # the queue's redrive policy; None: retried forever
+    outputs: OutputLocks = field(default_factory=OutputLocks)
+
+    def __post_init__(self) -> None:
+        self.linker = (
+            Linker(self.storage, self.next_stage, self.metrics, self.settings.chain_settle_s)
+            if self.next_stage is not None
+            else None
+        )
 
     # -- the whole life of one message ------------------------------------------------
     async def handle(self, held: Held) -> Outcome:
@@ -128,9 +172,9 @@ class Pipeline:
         try:
             outcome = await self._process(held)
         except asyncio.CancelledError:
-            outcome = held.outcome or (Outcome.RETRIED if held.expired else Outcome.RELEASED)
             # The message must still be handed back even though this task was cancelled.
-            await asyncio.shield(self._settle_cancelled(held, outcome))
+            outcome = await asyncio.shield(self._settle_cancelled(held))
+        outcome = held.final(outcome)
         self._record(held, outcome)
         return outcome
 
@@ -141,19 +185,25 @@ class Pipeline:
                 return await self._run(held, held.task)
             except (MessageRejected, InputError) as exc:
                 return await self._reject(held, exc.reason, exc.detail)
-        except ChainPending as pending:
-            held.reason = "chain_pending"
-            return await self._retry(held, pending.wait_s)
-        except Exception as exc:  # transient by default: the redrive policy bounds retries
-            held.reason = error_code(exc) or type(exc).__name__
+        except Exception as exc:  # transient by default: bounded by the redrive policy
+            code = exc.code if isinstance(exc, LinkNotSent) else error_code(exc)
+            held.reason = code or type(exc).__name__
             log.warning("task failed, will retry: %s", exc, extra=self._ids(held))
-            return await self._retry(held)
+            return await self._retry(held, f"{held.reason}: {exc}")
 
     async def _run(self, held: Held, task: Task) -> Outcome:
+        if self.outputs.busy(task.output):
+            held.step = Step.WAITING_OUTPUT
+        async with self.outputs.hold(task.output):
+            return await self._run_alone(held, task)
+
+    async def _run_alone(self, held: Held, task: Task) -> Outcome:
+        """The task, with no other message of this worker on its output meanwhile."""
         held.step = Step.CHECKING
         existing = await self.storage.head(task.output)
         if existing is not None:
-            await self._chain(held, task, won=False, output_age_s=existing.age_s)
+            self._check_owner(task, existing)
+            await self._chain(held, task)
             return await self._finish(held, Outcome.DUPLICATE)
         held.step = Step.FETCHING
         with Timer(held, self.metrics, Phase.S3_GET):
@@ -162,24 +212,34 @@ class Pipeline:
             result = await self._infer(held, task, shared.name, shared.size)
         held.step = Step.COMMITTING
         with Timer(held, self.metrics, Phase.COMMIT):
-            won = await self._commit(held, task, result["body"])
-        await self._chain(held, task, won=won)  # a 412 means the other writer is alive just now
-        return await self._finish(held, Outcome.COMMITTED if won else Outcome.DUPLICATE)
+            held.wrote = await self._commit(held, task, result["body"])
+        await self._chain(held, task)
+        return await self._finish(held, Outcome.DUPLICATE)  # committed when it wrote
 
     async def _commit(self, held: Held, task: Task, body: bytes) -> bool:
         """The conditional put of the output. True when this delivery's write stands."""
-        return await self._put_first(
-            held, task.output, body, formats.named(task.output_format).content_type
-        )
-
-    async def _put_first(self, held: Held, uri: S3Uri, body: bytes, content_type: str) -> bool:
-        """Write unless the object exists. True when the object that stands is ours."""
-        if await self.storage.put_if_absent(uri, body, self._metadata(held), content_type):
+        content_type = formats.named(task.output_format).content_type
+        if await self.storage.put_if_absent(task.output, body, self._metadata(held), content_type):
             return True
         # A 412 can answer our own write: the SDK retries a put whose answer was lost in
         # a dropped connection. The delivery id in the metadata tells the two apart.
-        existing = await self.storage.head(uri)
-        return existing is not None and existing.metadata.get("delivery") == held.delivery_id
+        existing = await self.storage.head(task.output)
+        if existing is None:  # written and deleted again meanwhile: look again later
+            raise OutputVanished(f"{task.output} answered 412, then was gone")
+        if existing.metadata.get("delivery") == held.delivery_id:
+            return True
+        self._check_owner(task, existing)
+        return False
+
+    @staticmethod
+    def _check_owner(task: Task, existing: ObjectInfo) -> None:
+        """An existing output is this task's (a duplicate) or a conflict: never handed on."""
+        owner = existing.metadata.get("task-id")
+        if owner != task.task_id:
+            whose = f"task {owner!r}" if owner else "no task (no task-id metadata)"
+            raise MessageRejected(
+                OUTPUT_CONFLICT, f"{task.output} already exists and belongs to {whose}"
+            )
 
     async def _infer(self, held: Held, task: Task, shm_name: str, size: int) -> dict[str, Any]:
         held.step = Step.WAITING
@@ -201,78 +261,122 @@ class Pipeline:
         return result
 
     # -- chaining ---------------------------------------------------------------------
-    async def _chain(self, held: Held, task: Task, *, won: bool, output_age_s: float = 0) -> None:
-        """Hand the output to the next stage: never lost, and sent once in effect.
+    async def _chain(self, held: Held, task: Task) -> None:
+        """Hand the output to the next stage: see `chain` for how it is sent once in effect.
 
-        The delivery that wrote the output sends the next message, then writes the
-        marker `<output>.chain`. Another delivery that finds the output sends nothing
-        while the marker is present. When the marker is absent it cannot tell a
-        writer still sending from one that crashed after its write, so it waits:
-        while the output is younger than `chain_settle_s` the message is retried
-        later; once older, the writer is presumed dead and this delivery sends. A
-        crash between the write and the send therefore delays the link, never loses
-        it, and a live duplicate never adds a downstream message.
+        Waiting for another delivery's link happens here, holding the message (the
+        visibility keeper extends it), so a wait never spends a receive.
         """
-        if self.next_stage is None:
+        if self.linker is None:
             return
-        held.step = Step.COMMITTING
-        marker = chain_marker(task.output)
+        delivery = Delivery(
+            held.delivery_id, held.message.message_id, task.task_id, self._ids(held)
+        )
+
+        def waiting() -> None:
+            held.step = Step.LINK_WAIT
+
         with Timer(held, self.metrics, Phase.CHAIN):
-            if not won:
-                if await self.storage.head(marker) is not None:
-                    return
-                if output_age_s < self.settings.chain_settle_s:
-                    raise ChainPending(self.settings.chain_settle_s - output_age_s)
-            sent_id = await self.next_stage.send(next_stage_body(task))
-            note = orjson.dumps({"next_message_id": sent_id, "queue": self.next_stage.url})
-            created = await self._put_first(held, marker, note, "application/json")
-        if not created:  # two deliveries sent: after a crash, or a writer slower than the settle
-            self.metrics.chain_duplicates.inc()
-            log.warning("next stage sent twice", extra=self._ids(held))
+            claim = await self.linker.claim(delivery, task.output, waiting)
+            if claim is None:
+                return
+            held.step = Step.LINKING
+            sending = self.linker.hand_on(delivery, task, claim)
+            await self._under_way(held, sending, Outcome.DUPLICATE)
 
     # -- outcomes ---------------------------------------------------------------------
+    async def _under_way(self, held: Held, step: Awaitable[Any], then: Outcome) -> Any:
+        """Run a step whose effect a cancel cannot undo; once it is done, so is the message.
+
+        A cancel does not stop it: the cancelled task waits for it (briefly) and, when it
+        succeeded, deletes the message as `then` instead of handing it back.
+        """
+        future = asyncio.ensure_future(step)
+        held.under_way = (future, then)
+        try:
+            return await asyncio.shield(future)
+        finally:
+            if future.done():
+                held.under_way = None
+
     async def _finish(self, held: Held, outcome: Outcome) -> Outcome:
         held.outcome = outcome
         held.step = Step.SETTLED
-        deleted = await asyncio.shield(self.queue.delete(held.message))
+        try:
+            deleted = await asyncio.shield(self.queue.delete(held.message))
+        except Exception as exc:  # the outcome stands: the write (or the copy) decided it
+            log.warning("delete failed: %s", exc, extra=self._ids(held))
+            deleted = False
         if not deleted:  # it will come back, find its output and end as a duplicate
             log.warning("delete not confirmed", extra=self._ids(held))
         return outcome
 
     async def _reject(self, held: Held, reason: str, detail: str) -> Outcome:
         held.reason = reason
+        held.step = Step.REJECTING
         attributes = dead_letter_attributes(held.message, reason, detail, self.queue.url)
         # Copy first, delete second: a crash in between leaves a copy, never nothing.
-        await asyncio.shield(self.dead_letters.send(held.message.body, attributes))
-        self.metrics.rejections.labels(reason).inc()
-        log.info("message rejected: %s", detail, extra=self._ids(held))
+        copy = self.dead_letters.send(held.message.body, attributes)
+        await self._under_way(held, copy, Outcome.REJECTED)
+        self._rejected(held, detail)
         return await self._finish(held, Outcome.REJECTED)
+
+    def _rejected(self, held: Held, detail: str) -> None:
+        self.metrics.rejections.labels(held.reason).inc()
+        log.info("message rejected: %s", detail, extra=self._ids(held))
 
     def retry_delay_s(self, receive_count: int) -> int:
         """The visibility delay of a retry: doubles with each receive of the message."""
         s = self.settings
         return max(1, int(backoff.delay_s(receive_count - 1, s.retry_base_s, s.retry_max_s)))
 
-    async def _retry(self, held: Held, delay_s: float | None = None) -> Outcome:
+    def _last_receive(self, held: Held) -> bool:
+        limit = self.max_receive_count
+        return limit is not None and held.message.receive_count >= limit
+
+    async def _retry(self, held: Held, error: str) -> Outcome:
+        if self._last_receive(held):
+            # The redrive policy would move it on its next receive, without a reason.
+            reason = held.reason
+            try:
+                return await self._reject(held, RETRIES_EXHAUSTED, error)
+            except Exception as exc:  # then the redrive policy moves it after all
+                held.reason = reason
+                log.warning("could not copy to the DLQ: %s", exc, extra=self._ids(held))
         held.outcome = Outcome.RETRIED
-        if delay_s is None:
-            delay = self.retry_delay_s(held.message.receive_count)
-        else:
-            delay = max(1, math.ceil(delay_s))
+        delay = self.retry_delay_s(held.message.receive_count)
         try:
             await asyncio.shield(self.queue.set_visibility(held.message, delay))
         except Exception as exc:  # then it comes back when its current visibility lapses
             log.warning("could not set retry delay: %s", exc, extra=self._ids(held))
         return Outcome.RETRIED
 
-    async def _settle_cancelled(self, held: Held, outcome: Outcome) -> None:
-        if held.step == Step.SETTLED:
-            return  # already deleted (or its deletion is under way)
-        delay = self.retry_delay_s(held.message.receive_count) if outcome == Outcome.RETRIED else 0
+    async def _settle_cancelled(self, held: Held) -> Outcome:
+        """Hand the message of a cancelled task back, unless its work is already done."""
+        if held.step == Step.SETTLED and held.outcome is not None:
+            return held.outcome  # already deleted (or its deletion is under way)
+        if held.under_way is not None and await self._under_way_done(held):
+            _, then = held.under_way
+            if then == Outcome.REJECTED:
+                self._rejected(held, "copied to the DLQ while shutting down")
+            return await self._finish(held, then)
+        if held.expired:  # over max_task_time_s: a transient failure, retried (or, last, the DLQ)
+            held.reason = "max_task_time"
+            detail = f"over max_task_time_s ({self.settings.max_task_time_s:g} s)"
+            return await self._retry(held, detail)
         try:
-            await self.queue.set_visibility(held.message, delay)
+            await self.queue.set_visibility(held.message, 0)
         except Exception as exc:  # it becomes visible again when its timeout lapses
             log.warning("could not hand back message: %s", exc, extra=self._ids(held))
+        return Outcome.RELEASED
+
+    @staticmethod
+    async def _under_way_done(held: Held) -> bool:
+        """Whether the step under way succeeded, waiting for it a little."""
+        assert held.under_way is not None
+        future, _ = held.under_way
+        await asyncio.wait({future}, timeout=_UNDER_WAY_WAIT_S)
+        return future.done() and not future.cancelled() and future.exception() is None
 
     # -- bookkeeping ------------------------------------------------------------------
     def _metadata(self, held: Held) -> dict[str, str]:

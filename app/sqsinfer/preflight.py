@@ -64,6 +64,9 @@ class StoppedWhileStarting(Exception):
 class Dependencies:
     dlq_url: str
     model: ModelFile
+    # Receives the queue's redrive policy allows (None without one): on the last, a
+    # transient failure sends the message to the DLQ with a reason instead of retrying.
+    max_receive_count: int | None = None
 
 
 def _diagnose(exc: Exception) -> str:
@@ -94,8 +97,8 @@ class Preflight:
         # A local model is checked first: a wrong pin needs no AWS endpoint to be reported.
         local = None if model.is_remote(s.model_path) else await self._local_model()
         queue = SqsQueue(self.clients.sqs, s.queue_url)
-        target = await self._ask("queue_url", f"read queue {s.queue_url}", queue.redrive_target)
-        dlq_url = s.dlq_url or target
+        policy = await self._ask("queue_url", f"read queue {s.queue_url}", queue.redrive_policy)
+        dlq_url = s.dlq_url or (policy.dlq_url if policy else "")
         if not dlq_url:
             raise StartupError(
                 f"{config.env_name('dlq_url')}: not set, and {s.queue_url} has no redrive "
@@ -107,7 +110,11 @@ class Preflight:
                     name, f"read queue {url}", functools.partial(self._queue_exists, url)
                 )
         await self._buckets()
-        return Dependencies(dlq_url=dlq_url, model=local or await self._remote_model())
+        return Dependencies(
+            dlq_url=dlq_url,
+            model=local or await self._remote_model(),
+            max_receive_count=policy.max_receive_count if policy else None,
+        )
 
     async def _local_model(self) -> ModelFile:
         s = self.settings

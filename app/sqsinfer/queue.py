@@ -243,16 +243,27 @@ class SqsQueue:
 
     async def redrive_target(self) -> str | None:
         """URL of the queue's dead-letter queue from its redrive policy, if it has one."""
+        policy = await self.redrive_policy()
+        return policy.dlq_url if policy else None
+
+    async def redrive_policy(self) -> RedrivePolicy | None:
+        """The queue's redrive policy (its DLQ's URL, its maxReceiveCount), if it has one."""
         response = await self.client.get_queue_attributes(
             QueueUrl=self.url, AttributeNames=["RedrivePolicy"]
         )
         policy = response.get("Attributes", {}).get("RedrivePolicy")
         if not policy:
             return None
-        arn = orjson.loads(policy)["deadLetterTargetArn"]
-        _, _, _, _, account, name = arn.split(":", 5)
+        doc = orjson.loads(policy)
+        _, _, _, _, account, name = doc["deadLetterTargetArn"].split(":", 5)
         found = await self.client.get_queue_url(QueueName=name, QueueOwnerAWSAccountId=account)
-        return str(found["QueueUrl"])
+        return RedrivePolicy(str(found["QueueUrl"]), int(doc["maxReceiveCount"]))
+
+
+@dataclass(frozen=True)
+class RedrivePolicy:
+    dlq_url: str
+    max_receive_count: int  # SQS moves a message to the DLQ on the receive after this many
 
 
 def _extension_results(held: list[Message], response: dict[str, Any]) -> dict[Message, Extension]:
@@ -289,7 +300,11 @@ def dead_letter_attributes(
 
 
 class Sender:
-    """Sends whole messages to a queue (the DLQ, or the next stage)."""
+    """Sends whole messages to a queue (the DLQ, or the next stage).
+
+    The next stage's sender is given a client without SDK retries: a retry of a send
+    whose answer was lost sends the message twice, so its caller must see each failure.
+    """
 
     def __init__(self, client: Any, url: str) -> None:
         self.client = client

@@ -1,7 +1,8 @@
 """S3: bounded GET into shared memory, HEAD, and the conditional PUT that commits a result.
 
 The conditional put (`If-None-Match: *`) is where exactly-once is decided: the first
-writer of a key gets 200, every later one 412, and nothing is ever overwritten.
+writer of a key gets 200, every later one 412, and no output is ever overwritten. The
+chain marker's steps are compare-and-swap writes (`If-Match: <ETag>`).
 """
 
 from __future__ import annotations
@@ -144,6 +145,7 @@ class SharedInput:
 class ObjectInfo:
     metadata: dict[str, str]
     age_s: float  # by the server's own clock: its Date header minus Last-Modified
+    etag: str = ""  # what a compare-and-swap write (`put_if_match`) names
 
 
 def _age_s(response: dict[str, Any]) -> float:
@@ -171,7 +173,9 @@ class Storage:
             if http_status(exc) == 404 or error_code(exc) in ("404", "NoSuchKey", "NotFound"):
                 return None
             raise
-        return ObjectInfo(dict(response.get("Metadata", {})), _age_s(response))
+        return ObjectInfo(
+            dict(response.get("Metadata", {})), _age_s(response), str(response.get("ETag", ""))
+        )
 
     async def get_shared(self, uri: S3Uri, max_bytes: int) -> SharedInput:
         """Stream an object into shared memory, refusing it when larger than `max_bytes`.
@@ -212,23 +216,38 @@ class Storage:
 
     async def put_if_absent(
         self, uri: S3Uri, body: bytes, metadata: dict[str, str], content_type: str
-    ) -> bool:
-        """Create the object unless it exists. True: this call wrote it; False: it existed."""
+    ) -> str | None:
+        """Create the object unless it exists: its ETag when this call wrote it, else None."""
+        return await self._put_unless(uri, body, metadata, content_type, IfNoneMatch="*")
+
+    async def put_if_match(
+        self, uri: S3Uri, body: bytes, metadata: dict[str, str], content_type: str, etag: str
+    ) -> str | None:
+        """Replace the object if it is still the version `etag` names: the new ETag, or None
+        when it changed meanwhile (or is gone)."""
+        return await self._put_unless(uri, body, metadata, content_type, IfMatch=etag)
+
+    async def _put_unless(
+        self, uri: S3Uri, body: bytes, metadata: dict[str, str], content_type: str, **condition: str
+    ) -> str | None:
         for attempt in range(_CONFLICT_RETRIES + 1):
             try:
-                await self.client.put_object(
+                response = await self.client.put_object(
                     Bucket=uri.bucket,
                     Key=uri.key,
                     Body=body,
-                    IfNoneMatch="*",
                     Metadata=metadata,
                     ContentType=content_type,
+                    **condition,
                 )
-                return True
+                return str(response.get("ETag", "")) or "written"
             except ClientError as exc:
-                if error_code(exc) == "PreconditionFailed" or http_status(exc) == 412:
-                    return False
-                if error_code(exc) != "ConditionalRequestConflict" or attempt == _CONFLICT_RETRIES:
+                code = error_code(exc)
+                if code == "PreconditionFailed" or http_status(exc) == 412:
+                    return None
+                if "IfMatch" in condition and (code == "NoSuchKey" or http_status(exc) == 404):
+                    return None
+                if code != "ConditionalRequestConflict" or attempt == _CONFLICT_RETRIES:
                     raise
                 log.debug("conditional put conflict on %s, attempt %d", uri, attempt + 1)
                 await asyncio.sleep(_CONFLICT_BACKOFF.delay_s(attempt))

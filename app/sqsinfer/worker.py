@@ -28,7 +28,7 @@ from sqsinfer.health import HealthServer
 from sqsinfer.messages import MessageRules
 from sqsinfer.metrics import Metrics, Phase
 from sqsinfer.outcomes import Outcome
-from sqsinfer.pipeline import Held, Pipeline, Step
+from sqsinfer.pipeline import FINISHING_STEPS, Held, Pipeline
 from sqsinfer.pool import InferencePool, PoolConfig
 from sqsinfer.preflight import Preflight, StartupError, StoppedWhileStarting
 from sqsinfer.queue import Message, Sender, SqsQueue
@@ -145,10 +145,13 @@ class Worker:
             storage=Storage(clients.s3),
             queue=queue,
             dead_letters=Sender(clients.sqs, found.dlq_url),
-            next_stage=Sender(clients.sqs, s.next_queue_url) if s.next_queue_url else None,
+            next_stage=(
+                Sender(clients.sqs_single_attempt, s.next_queue_url) if s.next_queue_url else None
+            ),
             pool=self.pool,
             metrics=self.metrics,
             model_sha256=found.model.sha256,
+            max_receive_count=found.max_receive_count,
         )
         self.keeper = VisibilityKeeper(
             queue,
@@ -261,11 +264,7 @@ class Worker:
         deadline = time.monotonic() + self.settings.drain_deadline_s
         while self.held and not self.force_exit and time.monotonic() < deadline:
             await self._wait_for_wake(min(_IDLE_TICK_S, deadline - time.monotonic()))
-        late = [
-            t
-            for t, h in self.held.items()
-            if h.step not in (Step.COMMITTING, Step.SETTLED) or self.force_exit
-        ]
+        late = [t for t, h in self.held.items() if h.step not in FINISHING_STEPS or self.force_exit]
         if late:
             log.warning(
                 "drain deadline passed, releasing",
@@ -273,7 +272,7 @@ class Worker:
             )
         for task in late:
             task.cancel()
-        # Commits under way are idempotent and short: let them land rather than redo them.
+        # Commits, links and DLQ copies under way are short: let them land, not redo them.
         pending = list(self.held)
         if pending:
             limit = config.FORCED_RELEASE_S if self.force_exit else config.COMMIT_GRACE_S

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
+from botocore.exceptions import ClientError
 
+from sqsinfer.aws import open_clients
 from sqsinfer.handlers.xgboost_impl import XGBoostHandler
 from sqsinfer.lab import synthetic
-from sqsinfer.lab.faults import FaultPlan, FaultProxy, classify
+from sqsinfer.lab.faults import SDK_ATTEMPTS, FaultPlan, FaultProxy, classify
 from tests.conftest import N_FEATURES, Stage, eventually, outcome_count, running
 
 
@@ -64,3 +68,67 @@ async def test_worker_behind_faults_commits_every_task_exactly_once(
         assert proxy.counts[kind] > 0, proxy.counts
     assert proxy.counts["s3:503"] + proxy.counts["s3:500"] > 0
     assert proxy.counts["sqs:500"] + proxy.counts["sqs:throttled"] > 0
+
+
+def test_marker_writes_and_queue_urls_are_recognised():
+    put = classify("PUT", "/bucket/out/a.npy.chain", "", {"If-Match": '"abc"'})
+    assert (put.name, put.key, put.marker, put.if_match) == (
+        "PutObject",
+        "out/a.npy.chain",
+        True,
+        True,
+    )
+    create = classify("PUT", "/bucket/out/a.npy.chain", "", {"If-None-Match": "*"})
+    assert create.marker and not create.if_match
+    assert not classify("PUT", "/bucket/out/a.npy", "", {}).marker
+
+
+async def test_a_dropped_send_answer_still_enqueues_the_message(stage: Stage):
+    """The request reaches SQS; the SDK, seeing no answer, sends again: two messages."""
+    name = stage.next_url.rsplit("/", 1)[1]
+    plan = FaultPlan(send_drop=1.0, send_drop_queue=name, limits={"sqs:send_dropped": 1})
+    proxy = FaultProxy(stage.endpoint, plan)
+    await proxy.start()
+    try:
+        async with open_clients("us-east-1", proxy.url) as clients:
+            await clients.sqs.send_message(QueueUrl=stage.next_url, MessageBody="once")
+            await clients.sqs.send_message(QueueUrl=stage.queue_url, MessageBody="elsewhere")
+    finally:
+        await proxy.stop()
+    assert proxy.counts == {"sqs:send_dropped": 1}
+    assert [m["Body"] for m in stage.drain_queue(stage.next_url)] == ["once", "once"]
+    assert [m["Body"] for m in stage.drain_queue(stage.queue_url)] == ["elsewhere"]
+
+
+async def test_a_marker_burst_outlasts_the_sdk_retries_once_per_key(stage: Stage):
+    proxy = FaultProxy(stage.endpoint, FaultPlan(marker_failures=1.0))
+    await proxy.start()
+    try:
+        async with open_clients("us-east-1", proxy.url) as clients:
+            put = functools.partial(clients.s3.put_object, Bucket=stage.bucket, Body=b"{}")
+            with pytest.raises(ClientError, match="SlowDown"):
+                await put(Key="out/a.npy.chain", IfNoneMatch="*")
+            await put(Key="out/a.npy.chain", IfNoneMatch="*")  # its burst is spent
+            await put(Key="out/a.npy")  # not a marker: never in a burst
+    finally:
+        await proxy.stop()
+    assert proxy.counts == {"s3:marker_503": SDK_ATTEMPTS}
+    assert set(stage.outputs()) == {"out/a.npy", "out/a.npy.chain"}
+
+
+async def test_failing_operations_and_delays_are_applied_per_operation(stage: Stage):
+    stage.send("m")
+    plan = FaultPlan(failing={"DeleteMessageBatch": 1.0}, delays_s={"ReceiveMessage": 0.3})
+    proxy = FaultProxy(stage.endpoint, plan)
+    await proxy.start()
+    try:
+        async with open_clients("us-east-1", proxy.url) as clients:
+            got = await clients.sqs.receive_message(QueueUrl=stage.queue_url, WaitTimeSeconds=1)
+            entries = [{"Id": "0", "ReceiptHandle": got["Messages"][0]["ReceiptHandle"]}]
+            with pytest.raises(ClientError, match="InternalError"):
+                await clients.sqs.delete_message_batch(QueueUrl=stage.queue_url, Entries=entries)
+    finally:
+        await proxy.stop()
+    assert proxy.counts == {"sqs:DeleteMessageBatch_500": SDK_ATTEMPTS}
+    assert proxy.seen["ReceiveMessage"] == 1
+    assert stage.counts(stage.queue_url) == (0, 1)  # not deleted: still in flight

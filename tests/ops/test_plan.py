@@ -98,9 +98,9 @@ def test_chained_stage_fed_by_the_previous_one():
     apis = [r.api for r in plan.requests]
     assert "SendMessageBatch (enqueue)" not in apis
     assert _request(plan, "SendMessage (next").total == 1000
-    assert _request(plan, "PutObject (chain").total == 1000
+    assert _request(plan, "PutObject (chain").total == 2000  # the intent, then "sent"
     assert plan.sqs_requests == 1000 * 3  # receive, delete, next-stage send
-    assert plan.s3_requests == 1000 * 4  # HEAD, GET, PUT output, PUT marker
+    assert plan.s3_requests == 1000 * 5  # HEAD, GET, PUT output, two PUTs of the marker
 
 
 def test_prices_and_batching_are_overridable():

@@ -58,7 +58,9 @@ def _three_outcomes(stage: Stage) -> None:
     """A committed task, a duplicate (its output exists) and a rejected message."""
     rows = synthetic.make_rows(4, N_FEATURES, seed=5)
     uri = stage.put_input("s.npy", synthetic.encode_input(rows, "npy"))
-    stage.s3.put_object(Bucket=stage.bucket, Key="out/dup.npy", Body=b"earlier")
+    stage.s3.put_object(
+        Bucket=stage.bucket, Key="out/dup.npy", Body=b"earlier", Metadata={"task-id": "dup"}
+    )
     stage.s3.put_object(Bucket=stage.bucket, Key="out/dup.npy.chain", Body=b"{}")  # linked
     stage.send({"task_id": "fresh", "input": uri})
     stage.send({"task_id": "dup", "input": uri})

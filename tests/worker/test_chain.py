@@ -7,8 +7,16 @@ import json
 
 import numpy as np
 
+from sqsinfer.aws import open_clients
+from sqsinfer.chain import SEND_ATTEMPTS, Delivery, Linker
 from sqsinfer.lab import synthetic
-from tests.conftest import Stage, eventually, outcome_count, running, sample
+from sqsinfer.lab.faults import FaultPlan
+from sqsinfer.messages import S3Uri, Task
+from sqsinfer.metrics import Metrics
+from sqsinfer.queue import Sender
+from sqsinfer.storage import Storage
+from tests.conftest import Stage, eventually, fault_proxy, outcome_count, running, sample
+from tests.worker.test_lifecycle import Poacher
 
 
 def _scripted(make_settings, stage: Stage, **overrides):
@@ -23,6 +31,35 @@ def _input(stage: Stage, name: str, first_cell: float = 0.0) -> str:
     rows = np.full((3, 4), 1.0, dtype=np.float32)
     rows[0, 0] = first_cell
     return stage.put_input(name, synthetic.encode_input(rows, "npy"))
+
+
+def _written(stage: Stage, task_id: str, message_id: str) -> None:
+    """An output as a delivery of `message_id` would have written it."""
+    metadata = {"task-id": task_id, "message-id": message_id, "delivery": "gone"}
+    key = f"out/{task_id}.npy"
+    stage.s3.put_object(Bucket=stage.bucket, Key=key, Body=b"written", Metadata=metadata)
+
+
+def _intent(stage: Stage, task_id: str, message_id: str) -> None:
+    """The link claimed by a delivery of `message_id` that has not recorded a send."""
+    metadata = {"chain-state": "sending", "delivery": "gone", "message-id": message_id}
+    key = f"out/{task_id}.npy.chain"
+    stage.s3.put_object(Bucket=stage.bucket, Key=key, Body=b"{}", Metadata=metadata)
+
+
+def _marker(stage: Stage, task_id: str) -> dict:
+    return json.loads(stage.outputs()[f"out/{task_id}.npy.chain"])
+
+
+def _next_inputs(stage: Stage) -> list[str]:
+    return [json.loads(m["Body"])["input"] for m in stage.drain_queue(stage.next_url)]
+
+
+def _counted(worker) -> tuple[float, float]:
+    """Chain duplicates counted, (certain, possible); an unlabelled count is certain."""
+    name = "sqsinfer_chain_duplicates_total"
+    certain = sample(worker.metrics, name) + sample(worker.metrics, name, kind="certain")
+    return certain, sample(worker.metrics, name, kind="possible")
 
 
 async def test_committed_output_is_sent_to_the_next_stage_with_a_marker(
@@ -52,22 +89,19 @@ async def test_redelivery_after_the_link_adds_no_downstream_message(stage: Stage
     assert worker.metrics.outcomes["retried"] == 0
 
 
-async def test_crash_between_commit_and_send_does_not_lose_the_link(stage: Stage, make_settings):
-    # A delivery wrote the output and died before sending: output present, no marker.
+async def test_an_output_without_a_link_is_linked_at_once(stage: Stage, make_settings):
+    # A delivery wrote the output and died before it claimed the link: output, no marker.
     uri = _input(stage, "a.npy")
-    settings = _scripted(make_settings, stage, chain_settle_s=4)
-    async with running(settings) as worker:
-        stage.s3.put_object(Bucket=stage.bucket, Key="out/crashed.npy", Body=b"written")
-        stage.send({"task_id": "crashed", "input": uri})
-        # First it waits for the (dead) writer to link; after the settle time it links.
+    _written(stage, "crashed", message_id="an-earlier-message")
+    stage.send({"task_id": "crashed", "input": uri})
+    async with running(_scripted(make_settings, stage, chain_settle_s=600)) as worker:
+        # The marker's create decides who links: nobody else holds it, so no settle wait.
         await eventually(lambda: outcome_count(worker, "duplicate") == 1)
-    assert worker.metrics.outcomes["retried"] >= 1
-    sent = stage.drain_queue(stage.next_url)
-    assert [json.loads(m["Body"])["input"] for m in sent] == [
-        f"s3://{stage.bucket}/out/crashed.npy"
-    ]
+    assert worker.metrics.outcomes == {"duplicate": 1}  # never handed back to wait
+    assert _next_inputs(stage) == [f"s3://{stage.bucket}/out/crashed.npy"]
     assert stage.outputs()["out/crashed.npy"] == b"written"
-    assert "out/crashed.npy.chain" in stage.outputs()
+    assert _marker(stage, "crashed")["state"] == "sent"
+    assert _counted(worker) == (0, 0)
 
 
 async def test_one_task_delivered_to_two_workers_at_once(stage: Stage, make_settings):
@@ -93,3 +127,131 @@ async def test_one_task_delivered_to_two_workers_at_once(stage: Stage, make_sett
     assert sum(sample(w.metrics, "sqsinfer_chain_duplicates_total") for w in workers) == 0
     assert [k for k in stage.outputs() if not k.endswith(".chain")] == ["out/twice.npy"]
     assert stage.counts(stage.queue_url) == (0, 0)
+
+
+async def test_a_marker_write_failing_past_the_sdk_retries_adds_no_downstream_message(
+    stage: Stage, make_settings
+):
+    """One burst of 503s on the marker, longer than the SDK's retries: still one link."""
+    stage.send({"task_id": "m1", "input": _input(stage, "a.npy")})
+    async with fault_proxy(stage, FaultPlan(marker_failures=1.0)) as proxy:
+        settings = _scripted(make_settings, stage, endpoint_url=proxy.url, chain_settle_s=1)
+        async with running(settings) as worker:
+            await eventually(
+                lambda: (
+                    outcome_count(worker, "committed") + outcome_count(worker, "duplicate") >= 1
+                    and stage.counts(stage.queue_url) == (0, 0)
+                )
+            )
+    assert proxy.counts["s3:marker_503"] >= 4
+    assert _next_inputs(stage) == [f"s3://{stage.bucket}/out/m1.npy"]
+    assert _counted(worker) == (0, 0)
+
+
+async def test_a_send_whose_record_is_given_up_is_counted_when_taken_over(
+    stage: Stage, make_settings
+):
+    """Sent, but the marker could not say so: the next delivery sends again, and counts it."""
+    stage.send({"task_id": "m2", "input": _input(stage, "a.npy")})
+    plan = FaultPlan(marker_failures=1.0, marker_updates_only=True, marker_burst=10_000)
+    async with fault_proxy(stage, plan) as proxy:
+        settings = _scripted(make_settings, stage, endpoint_url=proxy.url, chain_settle_s=600)
+        async with running(settings) as worker:
+            await eventually(lambda: outcome_count(worker, "committed") == 1)
+            proxy.plan.marker_failures = 0  # S3 recovers
+            await eventually(lambda: outcome_count(worker, "duplicate") == 1)
+    assert _next_inputs(stage) == [f"s3://{stage.bucket}/out/m2.npy"] * 2
+    assert _counted(worker) == (0, 1)  # the redelivery cannot know the first send went out
+    assert _marker(stage, "m2")["state"] == "sent"
+    assert worker.metrics.outcomes == {"committed": 1, "duplicate": 1}
+
+
+async def test_a_lost_send_answer_is_counted_as_a_possible_duplicate(stage: Stage, make_settings):
+    """SQS took the message, its answer was lost: a retry may send it twice, and is counted."""
+    stage.send({"task_id": "m3", "input": _input(stage, "a.npy")})
+    next_queue = stage.next_url.rsplit("/", 1)[1]
+    plan = FaultPlan(send_drop=1.0, send_drop_queue=next_queue, limits={"sqs:send_dropped": 1})
+    async with fault_proxy(stage, plan) as proxy:
+        settings = _scripted(make_settings, stage, endpoint_url=proxy.url)
+        async with running(settings) as worker:
+            await eventually(lambda: outcome_count(worker, "committed") == 1)
+    assert proxy.counts["sqs:send_dropped"] == 1
+    sent = _next_inputs(stage)
+    assert sent == [f"s3://{stage.bucket}/out/m3.npy"] * 2  # standard queues cannot dedupe
+    assert _counted(worker) == (0, 1)
+
+
+async def test_a_delivery_whose_own_message_wrote_the_output_links_at_once(
+    stage: Stage, make_settings
+):
+    uri = _input(stage, "a.npy")
+    message_id = stage.send({"task_id": "mine", "input": uri})
+    # An earlier receive of this very message wrote the output, claimed the link, then died.
+    _written(stage, "mine", message_id)
+    _intent(stage, "mine", message_id)
+    async with running(_scripted(make_settings, stage, chain_settle_s=600)) as worker:
+        await eventually(lambda: outcome_count(worker, "duplicate") == 1)
+    assert worker.metrics.outcomes == {"duplicate": 1}
+    assert _next_inputs(stage) == [f"s3://{stage.bucket}/out/mine.npy"]
+    assert _counted(worker) == (0, 1)  # the dead receive may have sent before it died
+    assert _marker(stage, "mine")["state"] == "sent"
+
+
+async def test_waiting_for_another_deliverys_link_holds_the_message(stage: Stage, make_settings):
+    """The settle wait happens in the worker: no receive spent, no other consumer sees it."""
+    _written(stage, "theirs", message_id="another-message")
+    _intent(stage, "theirs", message_id="another-message")
+    stage.send({"task_id": "theirs", "input": _input(stage, "a.npy")})
+    settings = _scripted(
+        make_settings, stage, chain_settle_s=5, visibility_timeout_s=2, heartbeat_s=0.5
+    )
+    async with running(settings) as worker:
+        with Poacher(stage) as poacher:
+            await eventually(lambda: outcome_count(worker, "duplicate") == 1)
+    assert poacher.got == []
+    assert worker.metrics.outcomes == {"duplicate": 1}
+    assert sample(worker.metrics, "sqsinfer_visibility_extensions_total") >= 1
+    assert _next_inputs(stage) == [f"s3://{stage.bucket}/out/theirs.npy"]
+    assert _counted(worker) == (0, 1)  # taken over from a delivery presumed dead
+
+
+async def test_a_send_sqs_refused_hands_the_link_back_clean(stage: Stage, make_settings):
+    """Refused on every attempt: nothing went out, so the next delivery counts nothing."""
+    stage.send({"task_id": "m4", "input": _input(stage, "a.npy")})
+    async with fault_proxy(stage, FaultPlan(refusing={"SendMessage": 1.0})) as proxy:
+        settings = _scripted(make_settings, stage, endpoint_url=proxy.url, chain_settle_s=600)
+        async with running(settings) as worker:
+            await eventually(lambda: outcome_count(worker, "committed") == 1)
+            assert _marker(stage, "m4")["state"] == "released"
+            proxy.plan.refusing = {}
+            await eventually(lambda: outcome_count(worker, "duplicate") == 1)
+    assert proxy.counts["sqs:SendMessage_400"] == SEND_ATTEMPTS
+    assert _next_inputs(stage) == [f"s3://{stage.bucket}/out/m4.npy"]
+    assert _counted(worker) == (0, 0)
+    assert _marker(stage, "m4")["state"] == "sent"
+
+
+async def test_an_owner_whose_sent_link_was_taken_over_and_sent_counts_it_certain(stage: Stage):
+    """Two linkers on one output: the owner stalls past the settle, another takes over."""
+    task = Task(
+        "t", S3Uri(stage.bucket, "in/t.npy"), S3Uri(stage.bucket, "out/t.npy"), "npy", "npy"
+    )
+    owner_metrics, taker_metrics = Metrics(), Metrics()
+    async with open_clients("us-east-1", stage.endpoint) as clients:
+        storage = Storage(clients.s3)
+        sender = Sender(clients.sqs_single_attempt, stage.next_url)
+        owner = Linker(storage, sender, owner_metrics, settle_s=600)
+        taker = Linker(storage, sender, taker_metrics, settle_s=0)  # presumes every intent dead
+        first = Delivery("first", "message-1", "t")
+        claim = await owner.claim(first, task.output, lambda: None)
+        assert claim is not None
+        second = Delivery("second", "message-2", "t")
+        took = await taker.claim(second, task.output, lambda: None)
+        assert took is not None and took.inherited_doubt
+        await taker.hand_on(second, task, took)
+        await owner.hand_on(first, task, claim)  # the stalled owner goes on and sends
+    assert len(stage.drain_queue(stage.next_url)) == 2
+    name = "sqsinfer_chain_duplicates_total"
+    assert sample(taker_metrics, name, kind="possible") == 1
+    assert sample(owner_metrics, name, kind="certain") == 1
+    assert _marker(stage, "t")["delivery"] == "second"

@@ -44,7 +44,12 @@ def _npy(rows: np.ndarray) -> bytes:
 
 async def test_existing_output_is_a_duplicate_and_never_overwritten(stage: Stage, make_settings):
     uri = stage.put_input("a.npy", _npy(synthetic.make_rows(3, N_FEATURES, seed=1)))
-    stage.s3.put_object(Bucket=stage.bucket, Key="out/done.npy", Body=b"earlier result")
+    stage.s3.put_object(
+        Bucket=stage.bucket,
+        Key="out/done.npy",
+        Body=b"earlier result",
+        Metadata={"task-id": "done"},  # written by this task: another's would be a conflict
+    )
     stage.send({"task_id": "done", "input": uri})
     async with running(make_settings()) as worker:
         await eventually(lambda: outcome_count(worker, "duplicate") == 1)

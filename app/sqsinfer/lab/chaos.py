@@ -2,11 +2,15 @@
 
 At once: duplicate deliveries, inference processes SIGKILLed mid-task, a worker SIGTERMed
 and restarted, another SIGKILLed (no drain at all) and restarted, S3 5xx and 409s, SQS
-errors, latency and dropped connections from the fault proxy, and poison messages of
-several kinds. Then, from S3 and the queues alone: every valid task has exactly one
-correct output per stage, no object was ever overwritten (bucket versioning), no chain
-link is missing, the queues are empty with nothing in flight, and the dead-letter queue
-holds exactly the poison messages, each with its reason. Exit status 1 on any loss.
+errors, latency and dropped connections from the fault proxy, next-stage sends whose
+answer is lost after SQS took the message, bursts of 503s on the chain marker's "sent"
+record, poison messages of several kinds, and tasks whose output a producer created
+first under another task id. Then, from S3 and the queues alone: every valid task has
+exactly one correct output per stage, no output was ever overwritten (bucket
+versioning), every chain link is recorded as sent, the queues are empty with nothing in
+flight, and the dead-letter queue holds exactly the poison and squatted messages, each
+with its reason, none without one. And from the logs: the downstream duplicates stage 2
+received are no more than stage 1 counted. Exit status 1 on any loss.
 """
 
 from __future__ import annotations
@@ -29,7 +33,9 @@ from typing import Any
 import numpy as np
 import psutil
 
+from sqsinfer.chain import WRITE_ATTEMPTS
 from sqsinfer.lab import demo, standin, synthetic
+from sqsinfer.lab.faults import SDK_ATTEMPTS
 
 BUCKET = "sqsinfer-chaos"
 FEATURES = 6
@@ -47,7 +53,10 @@ class ChaosConfig:
     sqs_errors: float = 0.02
     latency_ms: float = 20.0
     drop: float = 0.01
+    send_drop: float = 0.02  # next-stage SendMessage answers lost after SQS took the message
+    marker_failures: float = 0.02  # chain markers whose "sent" record meets a burst of 503s
     poison_rate: float = 0.01
+    squatters: int = 5  # tasks whose output a producer created first, under another task id
     duplicate_rate: float = 0.05
     child_kills: int = 3
     visibility_timeout_s: int = 8
@@ -62,6 +71,7 @@ class Workload:
     poison: dict[str, str] = field(default_factory=dict)  # body → expected reason
     bodies: list[str] = field(default_factory=list)  # in feeding order
     duplicates: int = 0
+    squatted: dict[str, bytes] = field(default_factory=dict)  # output key -> producer's bytes
 
 
 # -- preparing the workload ---------------------------------------------------------------
@@ -119,6 +129,28 @@ def prepare(endpoint: str, config: ChaosConfig) -> tuple[Workload, dict[str, str
             work.poison[poison] = reason
             work.bodies.append(poison)
     return work, queues
+
+
+def add_squatters(endpoint: str, config: ChaosConfig, work: Workload) -> None:
+    """Tasks whose stage-1 output a producer created first, claiming another task id.
+
+    Each must end in the DLQ as `output_conflict`, its output untouched and never handed
+    on to stage 2 under the squatting task's id.
+    """
+    s3, _ = demo.clients(endpoint)
+    for i in range(config.squatters):
+        task_id = f"squat-{i}"
+        rows = synthetic.make_rows(4, FEATURES, seed=i)
+        s3.put_object(
+            Bucket=BUCKET, Key=f"in/{task_id}.npy", Body=synthetic.encode_input(rows, "npy")
+        )
+        key, data = f"stage1/{task_id}.npy", f"made by the producer of {task_id}".encode()
+        owner = {"task-id": f"owner-of-{task_id}"}
+        s3.put_object(Bucket=BUCKET, Key=key, Body=data, Metadata=owner)
+        work.squatted[key] = data
+        body = json.dumps({"task_id": task_id, "input": f"s3://{BUCKET}/in/{task_id}.npy"})
+        work.poison[body] = "output_conflict"
+        work.bodies.insert((i + 1) * len(work.bodies) // (config.squatters + 1), body)
 
 
 class Feeder(threading.Thread):
@@ -345,11 +377,21 @@ def _deliveries(lines: list[dict[str, Any]]) -> dict[str, set[str]]:
     return found
 
 
+def _link_states(stage1: dict[str, bytes]) -> dict[str, str]:
+    """Output key → the state its chain marker records."""
+    return {
+        key.removesuffix(".chain"): str(json.loads(body).get("state", "?"))
+        for key, body in stage1.items()
+        if key.endswith(".chain")
+    }
+
+
 def check_outputs(endpoint: str, work: Workload, models: dict[str, str], f: Findings) -> None:
     s3, _ = demo.clients(endpoint)
     model1, model2 = demo.predictor(models["stage1"]), demo.predictor(models["stage2"])
     expected1 = {f"stage1/{t}.npy": model1.predict(rows) for t, rows in work.valid.items()}
     stage1 = demo.read_objects(s3, "stage1/", BUCKET)
+    squatted = {k: stage1.pop(k, None) for k in work.squatted}
     problems, decoded = demo.check_stage(stage1, expected1, "npy")
     expected2 = {
         k.replace("stage1/", "stage2/"): model2.predict(v.reshape(-1, 1))
@@ -357,18 +399,25 @@ def check_outputs(endpoint: str, work: Workload, models: dict[str, str], f: Find
     }
     more, decoded2 = demo.check_stage(demo.read_objects(s3, "stage2/", BUCKET), expected2, "npy")
     f.problems += problems + more
-    markers = {k for k in stage1 if k.endswith(".chain")}
-    missing_links = [k for k in expected1 if k + ".chain" not in markers]
+    links = _link_states(stage1)
+    missing_links = [k for k in expected1 if links.get(k) != "sent"]
     f.expect(
-        not missing_links, f"{len(missing_links)} chain links missing, e.g. {missing_links[:3]}"
+        not missing_links, f"{len(missing_links)} chain links not sent, e.g. {missing_links[:3]}"
     )
-    overwritten = {k: n for k, n in _versions(s3).items() if n > 1}
+    versions = _versions(s3)
+    # The outputs are written once; a chain marker is rewritten by design (intent, sent).
+    overwritten = {k: n for k, n in versions.items() if n > 1 and not k.endswith(".chain")}
     f.expect(not overwritten, f"objects written more than once: {list(overwritten)[:5]}")
+    touched = [k for k, data in work.squatted.items() if squatted[k] != data]
+    f.expect(not touched, f"squatted outputs changed: {touched}")
+    f.expect(not any(k in links for k in work.squatted), "a squatted output was handed on")
     f.figures |= {
         "stage1 outputs": len(decoded),
         "stage2 outputs": len(decoded2),
-        "chain links": len(markers),
+        "chain links (sent)": sum(1 for state in links.values() if state == "sent"),
         "objects overwritten": len(overwritten),
+        "squatted outputs (untouched / planted)": f"{len(work.squatted) - len(touched)} / "
+        f"{len(work.squatted)}",
     }
 
 
@@ -376,34 +425,67 @@ def check_queues(endpoint: str, work: Workload, queues: dict[str, str], f: Findi
     _, sqs = demo.clients(endpoint)
     residue = {q: demo.queue_depth(sqs, queues[q]) for q in ("stage1", "stage2")}
     f.expect(not any(residue.values()), f"messages left on the queues: {residue}")
-    dead = demo.dead_letters(sqs, queues["stage1-dlq"])
-    wrong = {b: r for b, r in dead.items() if work.poison.get(b) != r}
+    entries = demo.dead_letter_entries(sqs, queues["stage1-dlq"])
+    stray = demo.dead_letter_entries(sqs, queues["stage2-dlq"])
+    unreasoned = sum(1 for _, reason in entries + stray if not reason)
+    dead = dict(entries)
+    wrong = {b: r or "(no reason)" for b, r in dead.items() if work.poison.get(b) != r}
     lost = [b for b in work.poison if b not in dead]
+    f.expect(not unreasoned, f"{unreasoned} DLQ messages without a reason")
     f.expect(not wrong, f"unexpected DLQ messages or reasons: {list(wrong.items())[:3]}")
     f.expect(not lost, f"poison messages missing from the DLQ: {lost[:3]}")
-    stray = demo.dead_letters(sqs, queues["stage2-dlq"])
+    f.expect(len(entries) == len(dead), f"{len(entries) - len(dead)} second DLQ copies")
     f.expect(not stray, f"stage 2 DLQ holds {len(stray)} messages")
     f.figures |= {
         "left on queues": sum(residue.values()),
-        "DLQ (poison sent / found)": f"{len(work.poison)} / {len(dead)}",
-        "DLQ reasons": dict(Counter(dead.values())),
+        "DLQ (poison sent / found)": f"{len(work.poison)} / {len(entries)}",
+        "DLQ entries without a reason": unreasoned,
+        "DLQ reasons": dict(Counter(reason for _, reason in entries)),
+    }
+
+
+def check_downstream(
+    stage1: list[dict[str, Any]], stage2: list[dict[str, Any]], f: Findings
+) -> None:
+    """Stage 2's extra deliveries of a task are next-stage duplicates: stage 1 counted them?
+
+    Observed: stage-2 messages per task id beyond one. Counted: the `chain duplicate`
+    lines of stage 1 (the same events as sqsinfer_chain_duplicates_total). A possible
+    duplicate may not have happened; a certain one has, and was also counted possible by
+    the delivery that took the link over. So certain <= observed <= certain + possible.
+    """
+    extra = {t: len(ids) - 1 for t, ids in _deliveries(stage2).items() if len(ids) > 1}
+    counted = [line for line in stage1 if line.get("msg") == "chain duplicate"]
+    kinds = Counter(str(line.get("kind")) for line in counted)
+    per_task = Counter(str(line.get("task_id")) for line in counted)
+    observed = sum(extra.values())
+    under = {t: (n, per_task[t]) for t, n in extra.items() if n > per_task[t]}
+    f.expect(
+        observed <= kinds["certain"] + kinds["possible"],
+        f"{observed} downstream duplicates observed, only "
+        f"{kinds['certain'] + kinds['possible']} counted",
+    )
+    f.expect(not under, f"tasks with more duplicates than counted (seen, counted): {under}")
+    f.expect(kinds["certain"] <= observed, f"{kinds['certain']} certain, {observed} observed")
+    f.figures |= {
+        "downstream duplicates (observed / counted)": f"{observed} / "
+        f"{kinds['certain'] + kinds['possible']} "
+        f"(certain {kinds['certain']}, possible {kinds['possible']})",
+        "chain links taken over": sum(
+            1 for line in stage1 if line.get("msg") == "chain link taken over"
+        ),
     }
 
 
 def check_logs(workers: list[demo.StageProcess], work: Workload, f: Findings) -> None:
     stage1, stage2 = _log_lines(workers, "stage1"), _log_lines(workers, "stage2")
-    downstream = _deliveries(stage2)
-    extra = sum(len(ids) - 1 for ids in downstream.values())
+    check_downstream(stage1, stage2, f)
     all_lines = stage1 + stage2
     restarts = [line for line in all_lines if line.get("msg") == "pool process restarted"]
     lost = [line.get("why", "") for line in all_lines if line.get("msg") == "pool process lost"]
     outcomes = Counter(line["outcome"] for line in all_lines if line.get("msg") == "task finished")
     f.figures |= {
         "duplicate deliveries sent": work.duplicates,
-        "downstream duplicate messages": extra,
-        "next stage sent twice (detected)": sum(
-            1 for line in stage1 if line.get("msg") == "next stage sent twice"
-        ),
         "processes lost (during a task / idle)": (
             f"{sum('during a task' in w for w in lost)} / {sum('idle' in w for w in lost)}"
         ),
@@ -417,11 +499,14 @@ def check_logs(workers: list[demo.StageProcess], work: Workload, f: Findings) ->
             1 for line in all_lines if line.get("reason") == "PoolCrashed" and line.get("outcome")
         ),
         "outcomes (both stages)": dict(outcomes),
+        # Retried through SQS; a committed one was retried after its write (its link).
         "retry reasons": dict(
             Counter(
-                line.get("reason", "?")
+                line["reason"]
                 for line in all_lines
-                if line.get("msg") == "task finished" and line.get("outcome") == "retried"
+                if line.get("msg") == "task finished"
+                and line.get("outcome") in ("retried", "committed")
+                and line.get("reason")
             )
         ),
     }
@@ -430,8 +515,12 @@ def check_logs(workers: list[demo.StageProcess], work: Workload, f: Findings) ->
 # -- the command ------------------------------------------------------------------------------
 
 
+def queue_name(url: str) -> str:
+    return url.rstrip("/").rsplit("/", 1)[1]
+
+
 def _start_proxy(
-    target: str, config: ChaosConfig, workdir: str
+    target: str, config: ChaosConfig, workdir: str, queues: dict[str, str]
 ) -> tuple[subprocess.Popen[bytes], str, str]:
     port = standin.free_port()
     args = [
@@ -455,6 +544,20 @@ def _start_proxy(
         str(config.latency_ms),
         "--drop",
         str(config.drop),
+        # Answers lost only for stage 1's sends to stage 2: a duplicate there is counted.
+        "--send-drop",
+        str(config.send_drop),
+        "--send-drop-queue",
+        queue_name(queues["stage2"]),
+        # Bursts on the "sent" record from just past the SDK's attempts (the worker's
+        # own retries recover) to past the worker's too (the link is taken over later).
+        "--marker-failures",
+        str(config.marker_failures),
+        "--marker-updates-only",
+        "--marker-burst",
+        str(SDK_ATTEMPTS),
+        "--marker-burst-max",
+        str(SDK_ATTEMPTS * (WRITE_ATTEMPTS + 1)),
     ]
     log_path = os.path.join(workdir, "proxy.log")
     with open(log_path, "ab") as log_file:
@@ -494,6 +597,7 @@ def run(config: ChaosConfig) -> Findings:
     with tempfile.TemporaryDirectory() as workdir, standin.moto_server() as moto:
         print(f"preparing {config.tasks} tasks on {moto.url} ...", flush=True)
         work, queues = prepare(moto.url, config)
+        add_squatters(moto.url, config, work)
         models = {
             # Big enough that predictions take milliseconds: kills can land inside one.
             "stage1": synthetic.train_model(
@@ -501,7 +605,7 @@ def run(config: ChaosConfig) -> Findings:
             ),
             "stage2": synthetic.train_model(os.path.join(workdir, "m2.ubj"), 1, trees=5, seed=4),
         }
-        proxy, proxy_url, proxy_log = _start_proxy(moto.url, config, workdir)
+        proxy, proxy_url, proxy_log = _start_proxy(moto.url, config, workdir, queues)
         chaos = Chaos(config, workdir)
         started = time.monotonic()
         try:
@@ -550,7 +654,15 @@ def add_parser(sub: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     defaults = ChaosConfig()
-    for name in ("tasks", "workers_per_stage", "seed", "rows", "child_kills", "feed_depth"):
+    for name in (
+        "tasks",
+        "workers_per_stage",
+        "seed",
+        "rows",
+        "child_kills",
+        "feed_depth",
+        "squatters",
+    ):
         p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name))
     for name in (
         "s3_5xx",
@@ -558,6 +670,8 @@ def add_parser(sub: Any) -> None:
         "sqs_errors",
         "latency_ms",
         "drop",
+        "send_drop",
+        "marker_failures",
         "poison_rate",
         "duplicate_rate",
         "timeout_s",

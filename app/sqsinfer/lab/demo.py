@@ -330,7 +330,12 @@ def check(endpoint: str, plan: Plan, workdir: str) -> tuple[list[str], dict[str,
 
 
 def dead_letters(sqs: Any, url: str) -> dict[str, str]:
-    found: dict[str, str] = {}
+    return {body: reason or "(no reason)" for body, reason in dead_letter_entries(sqs, url)}
+
+
+def dead_letter_entries(sqs: Any, url: str) -> list[tuple[str, str]]:
+    """Every message on a DLQ as (body, reason), one per copy; '' when it has no reason."""
+    found: list[tuple[str, str]] = []
     while True:
         got = sqs.receive_message(
             QueueUrl=url, MaxNumberOfMessages=10, MessageAttributeNames=["All"], WaitTimeSeconds=0
@@ -338,8 +343,8 @@ def dead_letters(sqs: Any, url: str) -> dict[str, str]:
         if not got:
             return found
         for message in got:
-            attrs = message.get("MessageAttributes", {})
-            found[message["Body"]] = attrs.get(REASON_ATTR, {}).get("StringValue", "(no reason)")
+            reason = message.get("MessageAttributes", {}).get(REASON_ATTR, {})
+            found.append((message["Body"], str(reason.get("StringValue", ""))))
 
 
 def print_summary(

@@ -8,6 +8,12 @@ conditional puts, SQS 500 / throttling, adds latency, holds visibility changes b
 (a stalled call that still lands, late), and closes connections after the real answer
 came back but before the client read all of it (the request took effect; the client
 cannot know).
+
+Targeted rules, for the paths where one fault matters most: `SendMessage` answers
+dropped after SQS took the message (a lost answer whose retry sends it twice), bursts of
+503s on the `.chain` marker PUTs long enough to outlast the SDK's own retries, every
+call of chosen operations failed, fixed delays per operation, and a cap on how often
+each kind of fault is injected.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import argparse
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import logging
 import random
 import signal
@@ -25,7 +32,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
+import orjson
 from aiohttp import web
+
+from sqsinfer.aws import SDK_RETRIES
 
 log = logging.getLogger("sqsinfer.faults")
 
@@ -35,6 +45,9 @@ DROP_DEFAULT_OPERATIONS = frozenset(
     {"GetObject", "PutObject", "ReceiveMessage", "DeleteMessageBatch"}
 )
 VISIBILITY_OPERATIONS = frozenset({"ChangeMessageVisibility", "ChangeMessageVisibilityBatch"})
+MARKER_SUFFIX = ".chain"
+# A burst of this many failures outlasts the SDK's own retries: the call itself fails.
+SDK_ATTEMPTS = SDK_RETRIES + 1
 
 
 @dataclass
@@ -56,6 +69,16 @@ class FaultPlan:
     visibility_delay_s: float = 0.0
     visibility_delay_rate: float = 0.0
     visibility_delay_calls: int = 0
+    send_drop: float = 0.0  # SendMessage answers dropped after SQS took the message
+    send_drop_queue: str = ""  # only sends to a queue whose URL ends in this ("": any)
+    marker_failures: float = 0.0  # `.chain` PUTs that start a burst of 503s (once per key)
+    marker_burst: int = SDK_ATTEMPTS  # 503s in a row per burst
+    marker_burst_max: int = 0  # above marker_burst: each burst's length drawn up to this
+    marker_updates_only: bool = False  # only the marker's If-Match rewrites, not its creation
+    failing: dict[str, float] = field(default_factory=dict)  # operation -> rate of 500s
+    refusing: dict[str, float] = field(default_factory=dict)  # operation -> rate of 400s
+    delays_s: dict[str, float] = field(default_factory=dict)  # operation -> seconds added
+    limits: dict[str, int] = field(default_factory=dict)  # fault kind (a `counts` key) -> most
 
 
 @dataclass(frozen=True)
@@ -63,6 +86,13 @@ class Operation:
     service: str  # "s3" or "sqs"
     name: str
     conditional: bool = False
+    key: str = ""  # S3: the object key
+    if_match: bool = False  # S3: a compare-and-swap write (If-Match), not a create
+    queue: str = ""  # SQS: the QueueUrl of the request
+
+    @property
+    def marker(self) -> bool:
+        return self.name == "PutObject" and self.key.endswith(MARKER_SUFFIX)
 
 
 def classify(method: str, path: str, query: str, headers: Any) -> Operation:
@@ -73,6 +103,7 @@ def classify(method: str, path: str, query: str, headers: Any) -> Operation:
         return Operation("sqs", "Query")
     has_key = path.strip("/").count("/") >= 1
     conditional = "If-None-Match" in headers or "If-Match" in headers
+    key = path.strip("/").split("/", 1)[1] if has_key else ""
     names = {
         ("GET", True): "GetObject",
         ("HEAD", True): "HeadObject",
@@ -82,7 +113,17 @@ def classify(method: str, path: str, query: str, headers: Any) -> Operation:
         ("HEAD", False): "HeadBucket",
         ("PUT", False): "CreateBucket",
     }
-    return Operation("s3", names.get((method, has_key), method), conditional)
+    name = names.get((method, has_key), method)
+    return Operation("s3", name, conditional, key=key, if_match="If-Match" in headers)
+
+
+def _queue_of(body: bytes) -> str:
+    """The QueueUrl of an SQS JSON-protocol request ("" when there is none)."""
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return ""
+    return str(doc.get("QueueUrl", "")) if isinstance(doc, dict) else ""
 
 
 def _s3_error(status: int, code: str, message: str) -> web.Response:
@@ -111,8 +152,11 @@ class FaultProxy:
     port: int = 0
     counts: collections.Counter[str] = field(default_factory=collections.Counter)
 
+    seen: collections.Counter[str] = field(default_factory=collections.Counter)
+
     def __post_init__(self) -> None:
         self._rng = random.Random(self.plan.seed)
+        self._marker_bursts: dict[str, int] = {}  # marker key -> 503s still to answer
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
 
@@ -156,6 +200,39 @@ class FaultProxy:
             return _s3_error(403, "InvalidAccessKeyId", "The AWS Access Key Id does not exist.")
         if op.name in p.spare_operations:
             return None
+        return self._targeted(op) or self._random(op)
+
+    def _targeted(self, op: Operation) -> web.Response | None:
+        """The rules aimed at one path: marker write bursts and failing operations."""
+        if op.marker and self._marker_fails(op):
+            return self._count(op, "marker_503", _s3_error(503, "SlowDown", "Injected burst."))
+        error = _sqs_error if op.service == "sqs" else _s3_error
+        if self._chance(self.plan.failing.get(op.name, 0.0)):
+            return self._count(op, f"{op.name}_500", error(500, "InternalError", "Injected."))
+        if self._chance(self.plan.refusing.get(op.name, 0.0)):  # never reached the service
+            return self._count(op, f"{op.name}_400", error(400, "RequestThrottled", "Refused."))
+        return None
+
+    def _marker_fails(self, op: Operation) -> bool:
+        """Each marker key gets at most one burst; its first write may start it.
+
+        Setting `marker_failures` to 0 ends every burst under way.
+        """
+        if self.plan.marker_failures <= 0 or (self.plan.marker_updates_only and not op.if_match):
+            return False
+        left = self._marker_bursts.get(op.key)
+        if left is None:
+            chosen = self._chance(self.plan.marker_failures) and self._allowed(op, "marker_503")
+            left = self._burst_length() if chosen else 0
+        self._marker_bursts[op.key] = max(0, left - 1)
+        return left > 0
+
+    def _burst_length(self) -> int:
+        low, high = self.plan.marker_burst, self.plan.marker_burst_max
+        return self._rng.randint(low, high) if high > low else low
+
+    def _random(self, op: Operation) -> web.Response | None:
+        p = self.plan
         if op.service == "s3" and op.conditional and self._chance(p.s3_conflict):
             return self._count(
                 op,
@@ -194,12 +271,33 @@ class FaultProxy:
         self.counts["sqs:visibility_delayed"] += 1
         return True
 
-    def _count(self, op: Operation, kind: str, response: web.Response) -> web.Response:
+    def _allowed(self, op: Operation, kind: str) -> bool:
+        """Whether `plan.limits` leaves room for one more fault of this kind."""
+        limit = self.plan.limits.get(f"{op.service}:{kind}")
+        return limit is None or self.counts[f"{op.service}:{kind}"] < limit
+
+    def _count(self, op: Operation, kind: str, response: web.Response) -> web.Response | None:
+        if kind != "marker_503" and not self._allowed(op, kind):
+            return None  # over its limit: forwarded untouched
         self.counts[f"{op.service}:{kind}"] += 1
         return response
 
+    def _dropped(self, op: Operation) -> str:
+        """The kind of answer drop chosen for this request, or ''."""
+        p = self.plan
+        sending = op.name == "SendMessage" and op.queue.endswith(p.send_drop_queue)
+        if sending and self._chance(p.send_drop) and self._allowed(op, "send_dropped"):
+            return "send_dropped"
+        if op.name in p.drop_operations and self._chance(p.drop) and self._allowed(op, "dropped"):
+            return "dropped"
+        return ""
+
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         op = classify(request.method, request.path, request.query_string, request.headers)
+        if op.service == "sqs":
+            op = dataclasses.replace(op, queue=_queue_of(await request.read()))
+        self.seen[op.name] += 1
+        await asyncio.sleep(self.plan.delays_s.get(op.name, 0.0))
         if self.plan.latency_ms > 0 and op.name not in self.plan.spare_operations:
             await asyncio.sleep(self._rng.uniform(0, self.plan.latency_ms) / 1000)
         if self._delays(op):
@@ -207,10 +305,10 @@ class FaultProxy:
         injected = self._injected(op)
         if injected is not None:
             return injected
-        drop = op.name in self.plan.drop_operations and self._chance(self.plan.drop)
+        drop = "" if op.name in self.plan.spare_operations else self._dropped(op)
         status, headers, body = await self._forward(request)
         if drop:
-            self.counts[f"{op.service}:dropped"] += 1
+            self.counts[f"{op.service}:{drop}"] += 1
             return await self._drop(request, status, headers, body)
         return web.Response(status=status, headers=headers, body=body)
 
@@ -258,20 +356,47 @@ def check_target(target: str) -> str:
     return target.rstrip("/")
 
 
+_RATES = (
+    "s3_5xx",
+    "s3_conflict",
+    "sqs_errors",
+    "latency_ms",
+    "drop",
+    "send_drop",
+    "marker_failures",
+    "visibility_delay_s",
+    "visibility_delay_rate",
+)
+
+
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "faultproxy",
         help="a fault-injecting proxy in front of a local S3/SQS endpoint (for chaos tests)",
         epilog="example:\n  sqsinfer faultproxy --target http://127.0.0.1:5000 --port 5001 "
-        "--s3-5xx 0.1 --s3-conflict 0.02 --sqs-errors 0.02 --latency-ms 20 --drop 0.01",
+        "--s3-5xx 0.1 --s3-conflict 0.02 --sqs-errors 0.02 --latency-ms 20 --drop 0.01\n"
+        "      --send-drop 0.02 --send-drop-queue stage2 --marker-failures 0.02",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--target", required=True, help="the endpoint to front (loopback only)")
     p.add_argument("--port", type=int, default=0, help="port to listen on (0: any free)")
     p.add_argument("--seed", type=int, default=0)
-    rates = ("s3_5xx", "s3_conflict", "sqs_errors", "latency_ms", "drop")
-    for name in (*rates, "visibility_delay_s", "visibility_delay_rate"):
+    for name in _RATES:
         p.add_argument("--" + name.replace("_", "-"), type=float, default=0.0)
+    p.add_argument(
+        "--send-drop-queue", default="", help="drop only sends to a queue whose URL ends in this"
+    )
+    p.add_argument(
+        "--marker-burst", type=int, default=SDK_ATTEMPTS, help="503s in a row per marker burst"
+    )
+    p.add_argument(
+        "--marker-burst-max", type=int, default=0, help="draw each burst's length up to this"
+    )
+    p.add_argument(
+        "--marker-updates-only",
+        action="store_true",
+        help="fail only the marker's If-Match rewrites (its 'sent' record), not its creation",
+    )
     p.set_defaults(func=_command)
 
 
@@ -281,13 +406,11 @@ def _command(args: argparse.Namespace) -> int:
     logs.configure("INFO", "json")
     plan = FaultPlan(
         seed=args.seed,
-        s3_5xx=args.s3_5xx,
-        s3_conflict=args.s3_conflict,
-        sqs_errors=args.sqs_errors,
-        latency_ms=args.latency_ms,
-        drop=args.drop,
-        visibility_delay_s=args.visibility_delay_s,
-        visibility_delay_rate=args.visibility_delay_rate,
+        send_drop_queue=args.send_drop_queue,
+        marker_burst=args.marker_burst,
+        marker_burst_max=args.marker_burst_max,
+        marker_updates_only=args.marker_updates_only,
+        **{name: getattr(args, name) for name in _RATES},
     )
     try:
         target = check_target(args.target)

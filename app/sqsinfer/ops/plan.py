@@ -10,8 +10,9 @@ The arithmetic (`make_plan`) is pure and follows the worker's own flow per task:
   frees one slot at a time, so a receive asks for one message and a delete's 5 ms
   batch window rarely catches a second); ChangeMessageVisibilityBatch as the keeper
   does it (below); SendMessage 1 when the stage hands on to a next one.
-- S3, per task: HEAD output, GET input, PUT output; PUT marker when chained (the HEAD of
-  the marker happens only for duplicates, so it is not counted).
+- S3, per task: HEAD output, GET input, PUT output; when chained, two PUTs of the marker
+  (the intent before the send, "sent" after it; its HEAD happens only for duplicates, so
+  it is not counted).
 - visibility: a message is held `prefetch × seconds_per_task` (Little's law: the pod
   keeps processes × prefetch messages and finishes processes per `seconds_per_task`).
   The keeper extends a message once it has been held `visibility − 2 × heartbeat`, then
@@ -172,7 +173,7 @@ def _requests(p: PlanInput, visibility_calls: float) -> tuple[Request, ...]:
         ("s3", "PutObject (output)", 1.0, "put"),
     ]
     if p.next_stage:
-        rows.append(("s3", "PutObject (chain marker)", 1.0, "put"))
+        rows.append(("s3", "PutObject (chain marker: intent, sent)", 2.0, "put"))
     price = {
         "sqs": p.prices.sqs_per_million / 1e6,
         "put": p.prices.s3_put_per_1000 / 1e3,

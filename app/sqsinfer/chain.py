@@ -1,0 +1,305 @@
+"""Handing an output to the next stage: one send in effect, and every possible second one counted.
+
+A standard SQS queue cannot drop a duplicate, so the link is decided before the send, in
+the marker object `<output>.chain`. Each step is a conditional PUT, so two deliveries
+never both believe they own the link:
+
+    (none) ──create, If-None-Match: *──▶ sending   this delivery owns the link
+    sending ──sent, If-Match: its ETag──▶ sent      later deliveries send nothing
+    sending ──nothing sent, If-Match──▶ released    the next delivery starts clean
+    sending (another's) ──If-Match──▶ sending       taken over: its owner is presumed dead
+    released ──If-Match──▶ sending
+
+Only the owner sends, with the SDK's retries off: the worker retries the send itself,
+so it knows when an answer was lost (the message may have gone out). A takeover happens
+when the owner's intent is older than `chain_settle_s`, or at once when the owner was an
+earlier receive of this same message (whose visibility lapsed, so it is not working on
+it any more). What can still put a second message on the next stage is counted in
+`sqsinfer_chain_duplicates_total` and logged with the task id:
+- possible: each send attempt whose answer was lost (it may have gone out, and the link
+  is sent again); a link taken over from an owner that may have sent before it died;
+- certain: an owner that sent and then found the link recorded as sent by another.
+A certain duplicate was counted as possible by the delivery that took it over too, so
+`possible` alone bounds the extra messages from above, and `certain` from below.
+
+A marker without a `chain-state` (written before these steps existed) reads as sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+import orjson
+
+from sqsinfer.aws import may_have_taken_effect
+from sqsinfer.backoff import Backoff
+from sqsinfer.messages import S3Uri, Task, next_stage_body
+from sqsinfer.metrics import DuplicateKind, Metrics
+from sqsinfer.queue import Sender
+from sqsinfer.storage import Storage
+
+log = logging.getLogger("sqsinfer.chain")
+
+MARKER_SUFFIX = ".chain"
+STATE_KEY = "chain-state"
+_CONTENT_TYPE = "application/json"
+# Sends and marker writes retried in the worker (each after the SDK's own, for S3).
+SEND_ATTEMPTS = 4
+WRITE_ATTEMPTS = 4
+_RETRY = Backoff(base_s=0.2, max_s=2.0)
+# How often a delivery waiting on another's intent looks at the marker again.
+_RECHECK = Backoff(base_s=0.1, max_s=2.0)
+# Conditional writes of the marker that may lose to others before the link is given up
+# (each loss means another delivery moved it on: this many only under a storm).
+_MAX_LOST_WRITES = 10
+
+
+class LinkState(StrEnum):
+    SENDING = "sending"
+    SENT = "sent"
+    RELEASED = "released"
+
+
+def marker_uri(output: S3Uri) -> S3Uri:
+    """The small object that records the link of `output` to the next stage."""
+    return S3Uri(output.bucket, output.key + MARKER_SUFFIX)
+
+
+@dataclass(frozen=True)
+class Marker:
+    state: LinkState
+    delivery: str
+    message_id: str
+    etag: str
+    age_s: float
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One receive of a message, as the link sees it."""
+
+    delivery_id: str
+    message_id: str
+    task_id: str
+    log_fields: dict[str, Any] = field(default_factory=dict)
+
+
+class LinkNotSent(Exception):
+    """The next stage's message could not be sent (or recorded) now: retry the message."""
+
+    def __init__(self, code: str, detail: str) -> None:
+        super().__init__(detail)
+        self.code = code
+
+
+@dataclass
+class Claim:
+    """A link this delivery owns: the ETag of its intent, and what it knows of earlier sends."""
+
+    etag: str
+    inherited_doubt: bool  # taken over from an owner that may have sent
+
+
+@dataclass
+class Linker:
+    storage: Storage
+    sender: Sender  # its client must not retry: each lost answer must be seen here
+    metrics: Metrics
+    settle_s: float
+
+    async def claim(
+        self, delivery: Delivery, output: S3Uri, on_waiting: Callable[[], None]
+    ) -> Claim | None:
+        """Own the link of `output`, or None once it is recorded as sent.
+
+        While another delivery owns a fresh intent this waits (calling `on_waiting`
+        first), looking again now and then, until that one records its send or its
+        intent is old enough to take over. Cancelling it at any point is harmless.
+        """
+        return await self._claim(marker_uri(output), delivery, on_waiting)
+
+    async def hand_on(self, delivery: Delivery, task: Task, claim: Claim) -> None:
+        """Send the next stage's message for an owned link and record it as sent.
+
+        Raises LinkNotSent (or an S3 error) when the link is not done: retry later.
+        Do not cancel it half-way: a send without its record costs a possible duplicate.
+        """
+        await self._send_and_record(marker_uri(task.output), delivery, task, claim)
+
+    # -- owning the link --------------------------------------------------------------
+    async def _claim(
+        self, uri: S3Uri, delivery: Delivery, on_waiting: Callable[[], None]
+    ) -> Claim | None:
+        marker = await self._read(uri)
+        checks = lost = 0
+        while lost < _MAX_LOST_WRITES:
+            if marker is None:
+                etag = await self._write(uri, delivery, LinkState.SENDING, create=True)
+                if etag is not None:
+                    return Claim(etag, inherited_doubt=False)
+                lost += 1
+            elif marker.state == LinkState.SENT:
+                return None
+            elif marker.delivery == delivery.delivery_id and marker.state == LinkState.SENDING:
+                return Claim(marker.etag, inherited_doubt=False)  # our create's answer was lost
+            elif self._may_take(marker, delivery):
+                etag = await self._write(uri, delivery, LinkState.SENDING, etag=marker.etag)
+                if etag is not None:
+                    return self._took_over(marker, delivery, etag)
+                lost += 1
+            else:
+                on_waiting()
+                wait_s = min(_RECHECK.delay_s(checks), self.settle_s - marker.age_s)
+                checks += 1
+                await asyncio.sleep(max(0.05, wait_s))
+            marker = await self._read(uri)
+        raise LinkNotSent("chain_contended", f"{uri} kept changing under this delivery")
+
+    def _may_take(self, marker: Marker, delivery: Delivery) -> bool:
+        if marker.state == LinkState.RELEASED:
+            return True
+        # An earlier receive of this same message lost its visibility: it is not linking.
+        return marker.message_id == delivery.message_id or marker.age_s >= self.settle_s
+
+    def _took_over(self, marker: Marker, delivery: Delivery, etag: str) -> Claim:
+        doubt = marker.state == LinkState.SENDING
+        if doubt:
+            log.warning(
+                "chain link taken over",
+                extra=delivery.log_fields
+                | {"from_delivery": marker.delivery, "intent_age_s": round(marker.age_s, 3)},
+            )
+        return Claim(etag, inherited_doubt=doubt)
+
+    async def _send_and_record(
+        self, uri: S3Uri, delivery: Delivery, task: Task, claim: Claim
+    ) -> None:
+        sent_id = await self._send(uri, delivery, claim, next_stage_body(task))
+        if claim.inherited_doubt:  # the owner it took over from may have sent before dying
+            self._count(DuplicateKind.POSSIBLE, delivery, "link taken over")
+        await self._record(uri, delivery, claim, sent_id)
+
+    async def _send(self, uri: S3Uri, delivery: Delivery, claim: Claim, body: str | bytes) -> str:
+        """Send, retrying here; each attempt that may have gone out counts as possible."""
+        unsure = False
+        last: Exception | None = None
+        for attempt in range(SEND_ATTEMPTS):
+            if attempt:
+                await asyncio.sleep(_RETRY.delay_s(attempt - 1))
+                if not await self._still_ours(uri, claim):
+                    # Taken over while retrying: the new owner sends and counts any doubt.
+                    raise LinkNotSent("chain_taken_over", "link taken over while sending")
+            try:
+                return await self.sender.send(body)
+            except Exception as exc:
+                last, maybe_sent = exc, may_have_taken_effect(exc)
+                log.warning(
+                    "next stage send failed: %s",
+                    exc,
+                    extra=delivery.log_fields | {"attempt": attempt + 1, "maybe_sent": maybe_sent},
+                )
+                if maybe_sent:  # one more message may be on the next stage already
+                    unsure = True
+                    self._count(DuplicateKind.POSSIBLE, delivery, "lost send answer")
+        if not unsure and not claim.inherited_doubt:
+            # Nothing went out: hand the link back clean. Otherwise the intent stays, and
+            # whoever takes it over counts a possible duplicate.
+            await self._write(uri, delivery, LinkState.RELEASED, etag=claim.etag)
+        raise LinkNotSent("chain_send_failed", f"next stage send failed: {last}")
+
+    async def _still_ours(self, uri: S3Uri, claim: Claim) -> bool:
+        marker = await self._read(uri)
+        return marker is not None and marker.etag == claim.etag
+
+    async def _record(self, uri: S3Uri, delivery: Delivery, claim: Claim, sent_id: str) -> None:
+        """Write "sent" over this delivery's intent (retried in `_write` before giving up)."""
+        extra = {"next_message_id": sent_id, "queue": self.sender.url}
+        try:
+            etag = await self._write(uri, delivery, LinkState.SENT, etag=claim.etag, extra=extra)
+        except Exception as exc:
+            # The next delivery takes the intent over and counts a possible duplicate.
+            raise LinkNotSent("chain_unrecorded", f"sent, but not recorded: {exc}") from exc
+        if etag is None:
+            await self._lost_record(uri, delivery)
+
+    async def _lost_record(self, uri: S3Uri, delivery: Delivery) -> None:
+        """The intent changed under us: our own record (its answer lost), or a takeover."""
+        marker = await self._read(uri)
+        if marker is None or marker.delivery == delivery.delivery_id:
+            return
+        if marker.state == LinkState.SENT:
+            self._count(DuplicateKind.CERTAIN, delivery, "link taken over after this send")
+        # Still "sending": the delivery that took it over counts it when it sends.
+
+    # -- the marker ---------------------------------------------------------------------
+    async def _read(self, uri: S3Uri) -> Marker | None:
+        info = await self.storage.head(uri)
+        if info is None:
+            return None
+        meta = info.metadata
+        try:
+            state = LinkState(meta.get(STATE_KEY, LinkState.SENT))
+        except ValueError:
+            state = LinkState.SENT  # unknown: never send on a marker this code cannot read
+        return Marker(
+            state, meta.get("delivery", ""), meta.get("message-id", ""), info.etag, info.age_s
+        )
+
+    async def _write(
+        self,
+        uri: S3Uri,
+        delivery: Delivery,
+        state: LinkState,
+        *,
+        create: bool = False,
+        etag: str = "",
+        extra: dict[str, str] | None = None,
+    ) -> str | None:
+        """One step of the marker: the new ETag, or None when its precondition failed.
+
+        Failures that outlast the SDK's retries are retried here a few times. A retry of
+        a write that did land fails its precondition; the caller reads the marker and
+        finds its own delivery id there.
+        """
+        metadata = {
+            STATE_KEY: str(state),
+            "delivery": delivery.delivery_id,
+            "message-id": delivery.message_id,
+            "task-id": delivery.task_id,
+        }
+        # A fresh id in every body: two writes never share an ETag, so If-Match is exact.
+        doc = {
+            "state": state,
+            "task_id": delivery.task_id,
+            "delivery": delivery.delivery_id,
+            "message_id": delivery.message_id,
+            "write": uuid.uuid4().hex,
+            "at": round(time.time(), 3),
+        }
+        body = orjson.dumps(doc | (extra or {}))
+        for attempt in range(WRITE_ATTEMPTS):
+            try:
+                if create:
+                    return await self.storage.put_if_absent(uri, body, metadata, _CONTENT_TYPE)
+                return await self.storage.put_if_match(uri, body, metadata, _CONTENT_TYPE, etag)
+            except Exception as exc:
+                if attempt + 1 == WRITE_ATTEMPTS:
+                    raise
+                log.warning(
+                    "chain marker write failed: %s",
+                    exc,
+                    extra=delivery.log_fields | {"state": state, "attempt": attempt + 1},
+                )
+                await asyncio.sleep(_RETRY.delay_s(attempt))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _count(self, kind: DuplicateKind, delivery: Delivery, cause: str) -> None:
+        self.metrics.chain_duplicates.labels(kind).inc()
+        log.warning("chain duplicate", extra=delivery.log_fields | {"kind": kind, "cause": cause})
