@@ -38,7 +38,7 @@ from sqsinfer.messages import (
 from sqsinfer.metrics import Metrics, Phase
 from sqsinfer.outcomes import Outcome
 from sqsinfer.pool import InferencePool
-from sqsinfer.queue import Message, Sender, SqsQueue, dead_letter_attributes
+from sqsinfer.queue import Message, Sender, SqsQueue, dead_letter_copy
 from sqsinfer.storage import Storage
 
 log = logging.getLogger("sqsinfer.task")
@@ -241,9 +241,11 @@ class Pipeline:
 
     async def _reject(self, held: Held, reason: str, detail: str) -> Outcome:
         held.reason = reason
-        attributes = dead_letter_attributes(held.message, reason, detail, self.queue.url)
+        copy = dead_letter_copy(
+            held.message, reason, detail, self.queue.url, self.rules.dead_letter_max_bytes
+        )
         # Copy first, delete second: a crash in between leaves a copy, never nothing.
-        await asyncio.shield(self.dead_letters.send(held.message.body, attributes))
+        await asyncio.shield(self.dead_letters.send(copy.body, copy.attributes))
         self.metrics.rejections.labels(reason).inc()
         log.info("message rejected: %s", detail, extra=self._ids(held))
         return await self._finish(held, Outcome.REJECTED)
