@@ -94,6 +94,8 @@ def _check_key(
         raise ValueError(f"{what} key has an empty path segment")
     if any(seg in (".", "..") for seg in key.split("/")):
         raise ValueError(f"{what} key has a '.' or '..' segment")
+    # A key travels in later messages (the next stage's input, a rejection's detail): one
+    # with a character SQS refuses could never be handed on, so it is refused here, once.
     if any(ord(ch) < 0x20 or ch in "\\\x7f?#%" for ch in key) or not sendable(key):
         raise ValueError(f"{what} key has a control, backslash, '?', '#', '%' or non-XML character")
 
