@@ -41,6 +41,9 @@ _CSV_LINE_ENDS += tuple(c.encode() for c in "\x85\u2028\u2029")
 _JSONL_LINE_ENDS = (b"\n", b"\r")
 _JSON_SPACE = b" \t\n\r"
 _ASCII_BLANK = b" \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f"  # what str.strip() removes, in ASCII
+# Skipped before a CSV's first line: line ends, and spaces float() ignores (not \x1c-\x1f,
+# which str.strip() removes but float() refuses).
+_LEADING_SPACE = b" \t\n\r\x0b\x0c\x1c\x1d\x1e"
 # CSV text made only of these bytes may be parsed as JSON numbers: for them JSON's
 # grammar is a subset of float()'s, so the fast path never accepts what float() refuses.
 _CSV_FAST_BYTES = b"0123456789+-.eE, \t\r\n"
@@ -266,13 +269,13 @@ def decode_csv(buf: memoryview, max_bytes: int) -> np.ndarray:
 def _csv_data_start(buf: memoryview) -> int:
     """Where the data begins: after the first non-blank line when it is a header."""
     pos = 0
-    while (pos := _skip(buf, pos, len(buf), _ASCII_BLANK)) < len(buf):
+    while (pos := _skip(buf, pos, len(buf), _LEADING_SPACE)) < len(buf):
         cut, text = next(_frames(buf, pos, len(buf), _CSV_LINE_ENDS))
         if cut is not _Cut.RECORDS:  # a first line longer than a window
             return _after_long_header(buf, pos)
         for line in _utf8(text).splitlines(keepends=True):
-            if line.strip():
-                return pos if _numeric(line) else pos + len(line.encode())
+            if line.strip():  # its cells are tested without the line end, as always
+                return pos if _numeric(line.splitlines()[0]) else pos + len(line.encode())
             pos += len(line.encode())
     return pos
 
