@@ -6,6 +6,7 @@ be tested (and fuzzed) without a queue.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,11 +15,23 @@ import orjson
 
 from sqsinfer import formats
 
+# Every pattern here validates a whole value: always `fullmatch`, never `match` with `$`
+# (which also matches before a final newline).
 # A task id becomes part of an S3 key, so it is held to a conservative alphabet.
-_TASK_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-/=:@+]{0,511}$")
+_TASK_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._\-/=:@+]{0,511}")
 # S3 bucket naming rules (the subset that matters: no dots-and-dashes games, 3-63 chars).
-_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
-_MAX_KEY_BYTES = 1024
+_BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]")
+S3_MAX_KEY_BYTES = 1024
+# A queue's MaximumMessageSize when it cannot be read (SQS's default for a new queue).
+SQS_DEFAULT_MAX_MESSAGE_BYTES = 262_144
+# Bytes kept free after every output key for the objects written next to it, named
+# `<output><suffix>` (the chain marker `.chain` and any other marker): an output key is
+# refused when its longest marker could not be written.
+OUTPUT_MARKER_RESERVE_BYTES = 16
+MAX_OUTPUT_KEY_BYTES = S3_MAX_KEY_BYTES - OUTPUT_MARKER_RESERVE_BYTES
+# What SQS accepts in a message body or attribute: the XML 1.0 character range. Anything
+# else (U+FFFE, U+FFFF, most C0 controls, lone surrogates) makes SendMessage fail.
+_NOT_XML_RE = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
 
 class MessageRejected(Exception):
@@ -57,19 +70,44 @@ class S3Uri:
         return self.bucket == prefix.bucket and self.key.startswith(prefix.key)
 
 
-def _check_key(key: str, what: str, *, allow_empty: bool) -> None:
+def sendable(text: str) -> bool:
+    """True when SQS accepts this text in a message body or attribute value."""
+    return _NOT_XML_RE.search(text) is None
+
+
+def xml_safe(text: str) -> str:
+    """`text` with every character SQS refuses written as a visible `\\uXXXX` escape."""
+    return _NOT_XML_RE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+def _check_key(
+    key: str, what: str, *, allow_empty: bool, max_bytes: int = S3_MAX_KEY_BYTES
+) -> None:
     if not key:
         if allow_empty:
             return
         raise ValueError(f"{what} has no object key")
-    if len(key.encode()) > _MAX_KEY_BYTES:
-        raise ValueError(f"{what} key is longer than {_MAX_KEY_BYTES} bytes")
+    size = len(key.encode("utf-8", "surrogatepass"))
+    if size > max_bytes:
+        raise ValueError(_too_long(what, size, max_bytes))
     if key.startswith("/") or "//" in key:
         raise ValueError(f"{what} key has an empty path segment")
     if any(seg in (".", "..") for seg in key.split("/")):
         raise ValueError(f"{what} key has a '.' or '..' segment")
-    if any(ord(ch) < 0x20 or ch in "\\\x7f?#%" for ch in key):
-        raise ValueError(f"{what} key has a control, backslash, '?', '#' or '%' character")
+    # A key travels in later messages (the next stage's input, a rejection's detail): one
+    # with a character SQS refuses could never be handed on, so it is refused here, once.
+    if any(ord(ch) < 0x20 or ch in "\\\x7f?#%" for ch in key) or not sendable(key):
+        raise ValueError(f"{what} key has a control, backslash, '?', '#', '%' or non-XML character")
+
+
+def _too_long(what: str, size: int, max_bytes: int) -> str:
+    if max_bytes == S3_MAX_KEY_BYTES:
+        return f"{what} key is {size} bytes, longer than S3's {S3_MAX_KEY_BYTES}"
+    return (
+        f"{what} key is {size} bytes: at most {max_bytes}, so that the markers written "
+        f"next to it ({OUTPUT_MARKER_RESERVE_BYTES} bytes reserved) stay within S3's "
+        f"{S3_MAX_KEY_BYTES}-byte key limit"
+    )
 
 
 def parse_s3_uri(text: str, what: str = "uri", *, prefix: bool = False) -> S3Uri:
@@ -84,7 +122,7 @@ def parse_s3_uri(text: str, what: str = "uri", *, prefix: bool = False) -> S3Uri
     if not text.startswith("s3://"):
         raise ValueError(f"{what} must start with s3://")
     bucket, _, key = text[len("s3://") :].partition("/")
-    if not _BUCKET_RE.match(bucket) or ".." in bucket:
+    if _BUCKET_RE.fullmatch(bucket) is None or ".." in bucket:
         raise ValueError(f"{what} has an invalid bucket name {bucket[:64]!r}")
     _check_key(key, what, allow_empty=prefix)
     if prefix and key and not key.endswith("/"):
@@ -115,7 +153,9 @@ class MessageRules:
     allowed_output_prefixes: tuple[S3Uri, ...]
     output_prefix: S3Uri
     output_suffix: str = ".npy"
-    max_message_bytes: int = 262_144
+    max_message_bytes: int = SQS_DEFAULT_MAX_MESSAGE_BYTES
+    # The dead-letter queue's MaximumMessageSize: a rejected message's copy is cut to fit.
+    dead_letter_max_bytes: int = SQS_DEFAULT_MAX_MESSAGE_BYTES
 
 
 def _field_uri(doc: dict[str, Any], name: str) -> S3Uri:
@@ -125,9 +165,26 @@ def _field_uri(doc: dict[str, Any], name: str) -> S3Uri:
         raise MessageRejected("invalid_field", str(exc)) from None
 
 
+def _output_uri(doc: dict[str, Any], task_id: str, rules: MessageRules) -> S3Uri:
+    """The given `output`, or the key derived from the task id, held to the same rules."""
+    derived = doc.get("output") is None
+    if derived:
+        target = rules.output_prefix.child(task_id + rules.output_suffix)
+    else:
+        target = _field_uri(doc, "output")
+        if not any(target.within(p) for p in rules.allowed_output_prefixes):
+            raise MessageRejected("output_not_allowed", f"{target} is outside the allowed prefixes")
+    try:
+        _check_key(target.key, "output", allow_empty=False, max_bytes=MAX_OUTPUT_KEY_BYTES)
+    except ValueError as exc:
+        where = " (derived from task_id and the output prefix)" if derived else ""
+        raise MessageRejected("invalid_field", f"{exc}{where}") from None
+    return target
+
+
 def _task_id(doc: dict[str, Any]) -> str:
     task_id = doc["task_id"]
-    if not isinstance(task_id, str) or not _TASK_ID_RE.match(task_id):
+    if not isinstance(task_id, str) or _TASK_ID_RE.fullmatch(task_id) is None:
         raise MessageRejected(
             "invalid_field",
             "task_id must be 1-512 characters of A-Z a-z 0-9 . _ - / = : @ + "
@@ -170,12 +227,7 @@ def parse_task(body: str | bytes, rules: MessageRules) -> Task:
             f"input suffix {source.suffix or '(none)'!r}; expected one of "
             + ", ".join(formats.INPUT_SUFFIXES),
         )
-    if doc.get("output") is None:
-        target = rules.output_prefix.child(task_id + rules.output_suffix)
-    else:
-        target = _field_uri(doc, "output")
-        if not any(target.within(p) for p in rules.allowed_output_prefixes):
-            raise MessageRejected("output_not_allowed", f"{target} is outside the allowed prefixes")
+    target = _output_uri(doc, task_id, rules)
     output_format = formats.for_output(target.suffix)
     if output_format is None:
         raise MessageRejected(
@@ -190,5 +242,12 @@ def parse_task(body: str | bytes, rules: MessageRules) -> Task:
 
 
 def next_stage_body(task: Task) -> bytes:
-    """The message that hands this task's output to the next stage."""
-    return orjson.dumps({"task_id": task.task_id, "input": str(task.output), "params": task.params})
+    """The message that hands this task's output to the next stage, as ASCII-only JSON.
+
+    `params` are the producer's own: any string JSON can carry, including characters SQS
+    refuses in a message (U+FFFF arrives as the escape `\\uffff`, which SQS accepts, and
+    decodes to a character it does not). Escaping everything beyond ASCII makes every
+    next-stage body sendable and hands the params on unchanged.
+    """
+    doc = {"task_id": task.task_id, "input": str(task.output), "params": task.params}
+    return json.dumps(doc, ensure_ascii=True, separators=(",", ":")).encode("ascii")

@@ -37,7 +37,7 @@ from sqsinfer.messages import MessageRejected, MessageRules, S3Uri, Task, parse_
 from sqsinfer.metrics import Metrics, Phase
 from sqsinfer.outcomes import Outcome
 from sqsinfer.pool import InferencePool
-from sqsinfer.queue import Message, Sender, SqsQueue, dead_letter_attributes
+from sqsinfer.queue import Message, Sender, SqsQueue, dead_letter_copy
 from sqsinfer.storage import ObjectInfo, Storage
 
 log = logging.getLogger("sqsinfer.task")
@@ -314,10 +314,12 @@ class Pipeline:
     async def _reject(self, held: Held, reason: str, detail: str) -> Outcome:
         held.reason = reason
         held.step = Step.REJECTING
-        attributes = dead_letter_attributes(held.message, reason, detail, self.queue.url)
+        copy = dead_letter_copy(
+            held.message, reason, detail, self.queue.url, self.rules.dead_letter_max_bytes
+        )
         # Copy first, delete second: a crash in between leaves a copy, never nothing.
-        copy = self.dead_letters.send(held.message.body, attributes)
-        await self._under_way(held, copy, Outcome.REJECTED)
+        sending = self.dead_letters.send(copy.body, copy.attributes)
+        await self._under_way(held, sending, Outcome.REJECTED)
         self._rejected(held, detail)
         return await self._finish(held, Outcome.REJECTED)
 

@@ -21,6 +21,7 @@ from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 from sqsinfer import config, model
 from sqsinfer.aws import Clients, error_code, http_status
 from sqsinfer.backoff import Backoff
+from sqsinfer.messages import SQS_DEFAULT_MAX_MESSAGE_BYTES
 from sqsinfer.model import ModelFile
 from sqsinfer.queue import SqsQueue
 
@@ -42,6 +43,8 @@ _CREDENTIAL_CODES = frozenset(
         "MissingAuthenticationToken",
     }
 )
+# A policy may grant sending to a queue without reading its attributes.
+_DENIED_CODES = frozenset({"AccessDenied", "AccessDeniedException"})
 _MISSING_CODES = frozenset(
     {
         "AWS.SimpleQueueService.NonExistentQueue",
@@ -67,6 +70,7 @@ class Dependencies:
     # Receives the queue's redrive policy allows (None without one): on the last, a
     # transient failure sends the message to the DLQ with a reason instead of retrying.
     max_receive_count: int | None = None
+    dlq_max_message_bytes: int = SQS_DEFAULT_MAX_MESSAGE_BYTES
 
 
 def _diagnose(exc: Exception) -> str:
@@ -109,11 +113,15 @@ class Preflight:
                 await self._ask(
                     name, f"read queue {url}", functools.partial(self._queue_exists, url)
                 )
+        dlq_max = await self._ask(
+            "dlq_url", f"read queue {dlq_url}", functools.partial(self._max_message_bytes, dlq_url)
+        )
         await self._buckets()
         return Dependencies(
             dlq_url=dlq_url,
             model=local or await self._remote_model(),
             max_receive_count=policy.max_receive_count if policy else None,
+            dlq_max_message_bytes=dlq_max,
         )
 
     async def _local_model(self) -> ModelFile:
@@ -124,6 +132,23 @@ class Preflight:
         s = self.settings
         fetch = functools.partial(model.fetch, self.clients.s3, s)
         return await self._ask("model_path", f"fetch model {s.model_path}", fetch)
+
+    async def _max_message_bytes(self, url: str) -> int:
+        """The queue's MaximumMessageSize; SQS's default when the policy may not read it."""
+        try:
+            response = await self.clients.sqs.get_queue_attributes(
+                QueueUrl=url, AttributeNames=["MaximumMessageSize"]
+            )
+        except ClientError as exc:
+            if error_code(exc) not in _DENIED_CODES and http_status(exc) != 403:
+                raise
+            log.info(
+                "cannot read the queue's MaximumMessageSize; assuming SQS's default",
+                extra={"queue": url, "assumed_bytes": SQS_DEFAULT_MAX_MESSAGE_BYTES},
+            )
+            return SQS_DEFAULT_MAX_MESSAGE_BYTES
+        size = response.get("Attributes", {}).get("MaximumMessageSize")
+        return int(size) if size else SQS_DEFAULT_MAX_MESSAGE_BYTES
 
     async def _queue_exists(self, url: str) -> None:
         # GetQueueUrl, not GetQueueAttributes: a stage may send to these queues, and that

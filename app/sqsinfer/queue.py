@@ -26,6 +26,8 @@ from typing import Any
 
 import orjson
 
+from sqsinfer.messages import SQS_DEFAULT_MAX_MESSAGE_BYTES, xml_safe
+
 log = logging.getLogger("sqsinfer.queue")
 
 SQS_BATCH_MAX = 10
@@ -34,13 +36,18 @@ SQS_MAX_ATTRIBUTES = 10
 # message held a little longer costs nothing (it is invisible anyway); a call saved
 # saves the pod a few milliseconds of CPU in the SDK.
 _LINGER_S = 0.05
-_DETAIL_MAX_CHARS = 1000
 
+# The attributes of a dead-letter copy. A detail is cut to _DETAIL_MAX_CHARS, and to
+# _DETAIL_MIN_CHARS first when room is short.
+OWN_ATTR_PREFIX = "sqsinfer."
 REASON_ATTR = "sqsinfer.reason"
 DETAIL_ATTR = "sqsinfer.detail"
 SOURCE_ID_ATTR = "sqsinfer.source_message_id"
 SOURCE_QUEUE_ATTR = "sqsinfer.source_queue"
-_OWN_ATTRS = (REASON_ATTR, DETAIL_ATTR, SOURCE_ID_ATTR, SOURCE_QUEUE_ATTR)
+BODY_TRUNCATED_ATTR = "sqsinfer.body_truncated"
+_DETAIL_MAX_CHARS = 1000
+_DETAIL_MIN_CHARS = 100
+_DETAIL_OVERHEAD = len(DETAIL_ATTR) + len("String")
 
 
 @dataclass(eq=False)
@@ -281,22 +288,103 @@ def _extension_results(held: list[Message], response: dict[str, Any]) -> dict[Me
 
 
 def _string_attr(value: str) -> dict[str, str]:
-    return {"DataType": "String", "StringValue": value}
+    return {"DataType": "String", "StringValue": xml_safe(value)}
 
 
-def dead_letter_attributes(
-    message: Message, reason: str, detail: str, source_queue: str
-) -> dict[str, Any]:
-    """The original attributes (as many as fit) plus why and where it was rejected."""
+def _utf8_size(text: str) -> int:
+    return len(text.encode())
+
+
+def _attribute_size(name: str, value: dict[str, Any]) -> int:
+    """What one attribute adds to a message's size: SQS counts name, type and value."""
+    data = value.get("StringValue")
+    size = _utf8_size(data) if data is not None else len(value.get("BinaryValue", b""))
+    return _utf8_size(name) + _utf8_size(value.get("DataType", "")) + size
+
+
+def message_size(body: str, attributes: dict[str, Any]) -> int:
+    """A message's size as SQS measures it against the queue's MaximumMessageSize."""
+    return _utf8_size(body) + sum(_attribute_size(k, v) for k, v in attributes.items())
+
+
+def _cut(text: str, max_bytes: int) -> str:
+    """The longest prefix of `text` within `max_bytes` of UTF-8, ending on a whole character."""
+    return text.encode()[: max(0, max_bytes)].decode("utf-8", "ignore")
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """The copy of a rejected message sent to the dead-letter queue."""
+
+    body: str
+    attributes: dict[str, Any]
+
+
+def dead_letter_copy(
+    message: Message,
+    reason: str,
+    detail: str,
+    source_queue: str,
+    max_message_bytes: int = SQS_DEFAULT_MAX_MESSAGE_BYTES,
+) -> DeadLetter:
+    """The DLQ copy of a rejected message: always sendable, always with its reason.
+
+    Every string is held to what SQS accepts (characters outside the XML range are
+    escaped) and the whole copy to the DLQ's `max_message_bytes`, which counts the body
+    and every attribute. What fits is kept in this order: the reason and where the
+    message came from; the body; the first `_DETAIL_MIN_CHARS` of the detail; the
+    original attributes, as many as fit; the rest of the detail. A body too large to sit
+    beside the reason is cut, and `sqsinfer.body_truncated` gives its original size.
+    """
     own = {
         REASON_ATTR: _string_attr(reason),
-        DETAIL_ATTR: _string_attr(detail[:_DETAIL_MAX_CHARS] or "-"),
         SOURCE_ID_ATTR: _string_attr(message.message_id),
         SOURCE_QUEUE_ATTR: _string_attr(source_queue),
     }
-    kept = {k: v for k, v in message.attributes.items() if k not in own}
-    room = SQS_MAX_ATTRIBUTES - len(own)
-    return dict(list(kept.items())[:room]) | own
+    room = max_message_bytes - message_size("", own)
+    detail = xml_safe(detail)[:_DETAIL_MAX_CHARS] or "-"
+    detail_floor = _attribute_size(DETAIL_ATTR, _string_attr(detail[:_DETAIL_MIN_CHARS]))
+    body = xml_safe(message.body)
+    if _utf8_size(body) + detail_floor > room:
+        original = str(_utf8_size(message.body))
+        own[BODY_TRUNCATED_ATTR] = _string_attr(original)
+        room -= _attribute_size(BODY_TRUNCATED_ATTR, own[BODY_TRUNCATED_ATTR])
+        body = _cut(body, room - detail_floor)
+        own[DETAIL_ATTR] = _string_attr(detail[:_DETAIL_MIN_CHARS])
+        return DeadLetter(body, own)
+    room -= _utf8_size(body) + detail_floor
+    kept = _kept_attributes(message.attributes, room, SQS_MAX_ATTRIBUTES - len(own) - 1)
+    room -= message_size("", kept)
+    # The floor is already counted: the detail may grow into what the attributes left.
+    own[DETAIL_ATTR] = _string_attr(_cut(detail, room + detail_floor - _DETAIL_OVERHEAD))
+    return DeadLetter(body, kept | own)
+
+
+def _kept_attributes(original: dict[str, Any], room: int, max_count: int) -> dict[str, Any]:
+    """The original attributes that fit in `room` bytes, in order, at most `max_count`."""
+    kept: dict[str, Any] = {}
+    for name, value in original.items():
+        if name.startswith(OWN_ATTR_PREFIX) or len(kept) >= max_count:
+            continue
+        clean = dict(value)
+        if "StringValue" in clean:
+            clean["StringValue"] = xml_safe(clean["StringValue"])
+        size = _attribute_size(name, clean)
+        if size <= room:
+            kept[name] = clean
+            room -= size
+    return kept
+
+
+def dead_letter_attributes(
+    message: Message,
+    reason: str,
+    detail: str,
+    source_queue: str,
+    max_message_bytes: int = SQS_DEFAULT_MAX_MESSAGE_BYTES,
+) -> dict[str, Any]:
+    """The attributes of `dead_letter_copy` (for a body known to fit)."""
+    return dead_letter_copy(message, reason, detail, source_queue, max_message_bytes).attributes
 
 
 class Sender:

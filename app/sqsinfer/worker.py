@@ -141,6 +141,7 @@ class Worker:
                 output_prefix=s.output_prefix,  # type: ignore[arg-type]  # validated
                 output_suffix=s.output_suffix,
                 max_message_bytes=s.max_message_bytes,
+                dead_letter_max_bytes=found.dlq_max_message_bytes,
             ),
             storage=Storage(clients.s3),
             queue=queue,

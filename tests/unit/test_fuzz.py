@@ -2,8 +2,12 @@
 
 Property-based (hypothesis): random bytes, deep nesting, huge numbers, wrong types,
 oversized bodies, NaN and infinity, wrong shapes, empty and truncated files, text in
-CSV. No other exception, no hang, and decoded arrays stay within their bound. The
-number of cases run is printed in pytest's summary.
+CSV, control characters in derived keys, characters SQS refuses in every field and in
+params, keys near S3's 1,024-byte limit, .npy headers with negative or overflowing
+dimensions. No other exception, no hang, decoded arrays stay within their bound, an
+accepted message yields only keys S3 takes and messages SQS takes, and a rejected one a
+DLQ copy SQS takes, with its reason. The number of cases run is printed in pytest's
+summary.
 """
 
 from __future__ import annotations
@@ -13,18 +17,25 @@ import io
 import json
 
 import numpy as np
+import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sqsinfer import formats
 from sqsinfer.errors import InputError
 from sqsinfer.messages import (
+    OUTPUT_MARKER_RESERVE_BYTES,
+    S3_MAX_KEY_BYTES,
     MessageRejected,
     MessageRules,
+    next_stage_body,
     parse_prefixes,
     parse_s3_uri,
     parse_task,
 )
+from sqsinfer.queue import REASON_ATTR, Message, dead_letter_copy
+from tests.sqs_rules import sendable_text, unsendable
+from tests.unit.test_inference import npy_claiming
 
 CASES: collections.Counter[str] = collections.Counter()
 MAX_DECODED = 1 << 16
@@ -59,17 +70,30 @@ uris = st.one_of(
 )
 
 
-def parse_or_reject(body: str | bytes) -> None:
+def parse_or_reject(body: str | bytes, rules: MessageRules = RULES) -> None:
+    """Accepted, and everything the worker would then send is sendable; or rejected with a
+    reason, in a DLQ copy SQS takes."""
     try:
-        task = parse_task(body, RULES)
+        task = parse_task(body, rules)
     except MessageRejected as rejected:
         assert rejected.reason and rejected.detail
+        text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
+        copy = dead_letter_copy(Message("id", "rh", text or "-", 1), *rejected.args, "https://q")
+        assert unsendable(copy.body, copy.attributes, 262_144) == []
+        assert copy.attributes[REASON_ATTR]["StringValue"] == rejected.reason
         CASES["message rejected"] += 1
         return
     CASES["message accepted"] += 1
-    assert any(task.input.within(p) for p in RULES.allowed_input_prefixes)
-    assert any(task.output.within(p) for p in RULES.allowed_output_prefixes)
+    assert any(task.input.within(p) for p in rules.allowed_input_prefixes)
+    assert any(task.output.within(p) for p in rules.allowed_output_prefixes)
     assert ".." not in task.output.key.split("/")
+    for key in (task.input.key, task.output.key):
+        assert sendable_text(key) and not any(ord(c) < 0x20 or c == "\x7f" for c in key)
+    assert len(task.output.key.encode()) + OUTPUT_MARKER_RESERVE_BYTES <= S3_MAX_KEY_BYTES
+    assert task.task_id.isascii() and task.task_id.isprintable()  # it goes in S3 metadata
+    forwarded = next_stage_body(task).decode()
+    assert unsendable(forwarded, None, 262_144) == []
+    assert orjson.loads(forwarded)["params"] == task.params
 
 
 @FUZZ
@@ -124,7 +148,7 @@ def decode_or_reject(data: bytes, fmt: str) -> None:
         return
     CASES["input decoded"] += 1
     assert array.ndim == 2 and array.shape[0] > 0 and array.shape[1] > 0
-    assert array.nbytes <= MAX_DECODED * 2  # integers widen to float32 at most
+    assert array.nbytes <= MAX_DECODED  # integers are bounded by their float32 size
     assert not np.isinf(array).any()
 
 
@@ -191,3 +215,79 @@ def test_well_formed_messages_are_always_accepted(task_id, key):
     task = parse_task(json.dumps({"task_id": task_id, "input": f"s3://data/in/{key}"}), RULES)
     CASES["message accepted"] += 1
     assert task.output.key == f"out/{task_id}.npy"
+
+
+# -- what SQS and S3 refuse: characters, derived keys, lengths ------------------------
+NOT_XML = st.sampled_from(["\uffff", "\ufffe", "\x00", "\x0b", "\x1f", "\x7f", "\n"])
+# Strings that mix ordinary text with what SQS refuses, and with what it takes at the edges.
+awkward_text = st.lists(
+    st.one_of(st.text(max_size=8), NOT_XML, st.sampled_from(["\ud7ff", "\ue000", "\ufffd"])),
+    max_size=6,
+).map("".join)
+valid_task_id = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._=:@+-]{0,20}", fullmatch=True)
+LONG_RULES = MessageRules(
+    allowed_input_prefixes=RULES.allowed_input_prefixes,
+    allowed_output_prefixes=parse_prefixes("s3://data/", "out"),
+    output_prefix=parse_s3_uri("s3://data/" + "p" * 500, "out", prefix=True),
+    max_message_bytes=16_384,
+)
+
+
+@FUZZ
+@given(
+    task_id=st.one_of(
+        awkward_text,
+        st.builds(lambda a, b: a + b, valid_task_id, awkward_text),
+        st.builds(lambda a, b: a + b, valid_task_id, NOT_XML),
+    ),
+    key=awkward_text,
+    params=st.dictionaries(awkward_text, st.one_of(awkward_text, json_values), max_size=3),
+    field=st.sampled_from(["input", "output", "none"]),
+)
+def test_characters_sqs_or_s3_refuse_in_every_field(task_id, key, params, field):
+    doc = {"task_id": task_id, "input": "s3://data/in/a.npy", "params": params}
+    if field != "none":
+        doc[field] = f"s3://data/{'in' if field == 'input' else 'out'}/{key}.npy"
+    parse_or_reject(json.dumps(doc))  # escapes: as a producer's SDK would send them
+    parse_or_reject(json.dumps(doc, ensure_ascii=False))
+
+
+@FUZZ
+@given(
+    task_id=st.integers(1, 512).map(lambda n: "t" * n),
+    tail=st.sampled_from(["", "/a", "\n", "\u00e9", "/\u20ac"]),
+    output_bytes=st.integers(990, 1040),
+    char=st.sampled_from(["k", "\u00e9", "\u20ac", "\U0001f600"]),
+)
+def test_keys_near_the_1024_byte_limit(task_id, tail, output_bytes, char):
+    parse_or_reject(json.dumps({"task_id": task_id + tail, "input": "s3://data/in/a.npy"}))
+    parse_or_reject(
+        json.dumps({"task_id": task_id + tail, "input": "s3://data/in/a.npy"}), LONG_RULES
+    )
+    name = char * ((output_bytes - len("out/.npy")) // len(char.encode()))
+    output = f"s3://data/out/{name}.npy"
+    parse_or_reject(json.dumps({"task_id": "t", "input": "s3://data/in/a.npy", "output": output}))
+
+
+dimension = st.one_of(
+    st.integers(-3, 12),
+    st.integers(-(2**70), 2**70),
+    st.sampled_from([2**31, 2**32, 2**62, 2**63 - 1, 2**63, 2**64, -(2**63)]),
+)
+
+
+@FUZZ
+@given(shape=st.lists(dimension, max_size=4).map(tuple), values=st.integers(0, 24))
+def test_npy_headers_with_any_dimensions(shape, values):
+    text = repr(shape)
+    data = npy_claiming(text, values=values) if values else npy_claiming(text, values=1)[:-4]
+    try:
+        array = formats.decode(memoryview(data), "npy", MAX_DECODED)
+    except InputError as rejected:
+        assert rejected.reason in ("undecodable_input", "input_too_large")
+        CASES["input rejected"] += 1
+        return
+    CASES["input decoded"] += 1
+    # Accepted only when the header told the truth: the shape sent is the shape decoded.
+    assert array.shape in (shape, (1, *shape))
+    assert array.size == values

@@ -87,3 +87,58 @@ def test_xgboost_handler_checks_the_feature_count(model_path):
     assert caught.value.reason == "wrong_feature_count"
     with pytest.raises(inference.ModelLoadError):
         XGBoostHandler().load(model_path.replace(".ubj", ".pkl"), 1)
+
+
+# -- .npy headers that lie --------------------------------------------------------------
+def npy_claiming(shape: str, values: int = 10, dtype: str = "<f4") -> bytes:
+    """A real .npy file of `values` zeros whose header claims `shape` instead."""
+    out = io.BytesIO()
+    np.save(out, np.zeros(values, dtype=dtype))
+    raw = out.getvalue()
+    length = int.from_bytes(raw[8:10], "little")
+    header = raw[10 : 10 + length].decode("latin1").rstrip()
+    header = header.replace(f"({values},)", shape)
+    header += " " * (63 - (10 + len(header)) % 64) + "\n"  # the data stays 64-byte aligned
+    return raw[:8] + len(header).to_bytes(2, "little") + header.encode() + raw[10 + length :]
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        "(-1, 5)",
+        "(-5, 2)",
+        "(2, -3)",
+        "(-1, -1)",
+        "(-10,)",
+        "(9223372036854775807, 0)",
+        "(0, 99999999999999999999)",
+        "(True, 10)",
+        "(2, 2)",  # fewer values than the data holds
+        "(0, 10)",
+        "()",
+    ],
+)
+def test_npy_headers_that_lie_about_the_shape_are_refused(shape):
+    with pytest.raises(InputError) as caught:
+        decode(npy_claiming(shape), "npy")
+    assert caught.value.reason == "undecodable_input"
+
+
+@pytest.mark.parametrize("shape", ["(99999999999, 99999999999)", "(4611686018427387904, 4)"])
+def test_npy_headers_claiming_huge_shapes_are_too_large(shape):
+    with pytest.raises(InputError) as caught:
+        decode(npy_claiming(shape), "npy")
+    assert caught.value.reason == "input_too_large"
+
+
+def test_npy_shapes_that_hold_the_data_are_accepted():
+    assert decode(npy_claiming("(5, 2)"), "npy").shape == (5, 2)
+    assert decode(npy_claiming("(10,)"), "npy").shape == (1, 10)
+
+
+def test_small_integers_are_bounded_by_their_decoded_float32_size():
+    out = io.BytesIO()
+    np.save(out, np.zeros((LIMIT // 2, 1), dtype=np.uint8))  # half the limit as bytes
+    with pytest.raises(InputError) as caught:
+        decode(out.getvalue(), "npy")  # but twice the limit as float32
+    assert caught.value.reason == "input_too_large"

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import json
 
+import orjson
 import pytest
 
 from sqsinfer.messages import (
+    MAX_OUTPUT_KEY_BYTES,
+    OUTPUT_MARKER_RESERVE_BYTES,
     MessageRejected,
     MessageRules,
     S3Uri,
+    next_stage_body,
     parse_prefixes,
     parse_s3_uri,
     parse_task,
@@ -109,3 +113,72 @@ def test_prefixes_end_on_a_folder_boundary():
     (whole,) = parse_prefixes("s3://bkt", "x")
     assert S3Uri("bkt", "any/x.npy").within(whole)
     assert not S3Uri("bkt2", "any/x.npy").within(whole)
+
+
+# -- every permanent problem is found at parse time ----------------------------------
+def body_with(**fields: object) -> str:
+    return json.dumps({"task_id": "t", "input": "s3://data/in/a.npy"} | fields)
+
+
+@pytest.mark.parametrize("task_id", ["t\n", "user-42\n", "a/b\n"])
+def test_a_task_id_with_a_trailing_newline_is_refused(task_id):
+    assert reason(body_with(task_id=task_id)) == "invalid_field"
+
+
+@pytest.mark.parametrize("uri", ["s3://data\n/in/a.npy", "s3://data/in/a.npy\n"])
+def test_a_uri_with_a_trailing_newline_is_refused(uri):
+    with pytest.raises(ValueError):
+        parse_s3_uri(uri, "input")
+
+
+def rules_with_prefix(prefix_key: str) -> MessageRules:
+    out = parse_s3_uri(f"s3://data/{prefix_key}", "out", prefix=True)
+    return MessageRules(RULES.allowed_input_prefixes, (out,), out, ".npy", 100_000)
+
+
+def test_a_derived_output_key_is_held_to_the_key_length_limit():
+    rules = rules_with_prefix("o" * 600 + "/")
+    fits = "t" * (MAX_OUTPUT_KEY_BYTES - 601 - len(".npy"))
+    assert len(parse_task(body_with(task_id=fits), rules).output.key) == MAX_OUTPUT_KEY_BYTES
+    with pytest.raises(MessageRejected) as caught:
+        parse_task(body_with(task_id=fits + "x"), rules)
+    assert caught.value.reason == "invalid_field"
+    assert "output key" in caught.value.detail and "1024" in caught.value.detail
+
+
+def test_an_output_key_leaves_room_for_its_markers():
+    rules = rules_with_prefix("out/")
+    head = "out/" + "k" * (MAX_OUTPUT_KEY_BYTES - len("out/") - len(".npy"))
+    task = parse_task(body_with(output=f"s3://data/{head}.npy"), rules)
+    assert len(task.output.key) + OUTPUT_MARKER_RESERVE_BYTES == 1024
+    # Within S3's own limit, but its `.chain` marker would not be.
+    too_long = f"s3://data/{head}k.npy"
+    with pytest.raises(MessageRejected) as caught:
+        parse_task(body_with(output=too_long), rules)
+    assert caught.value.reason == "invalid_field"
+    assert "marker" in caught.value.detail
+
+
+def test_the_marker_reserve_covers_the_chain_marker():
+    from sqsinfer.pipeline import CHAIN_MARKER_SUFFIX
+
+    assert len(CHAIN_MARKER_SUFFIX.encode()) <= OUTPUT_MARKER_RESERVE_BYTES
+
+
+NOT_XML = ["\uffff", "\ufffe", "\x00", "\x1f", "\x0b"]
+
+
+@pytest.mark.parametrize("char", NOT_XML)
+@pytest.mark.parametrize("name", ["input", "output"])
+def test_characters_sqs_refuses_are_refused_in_keys(char, name):
+    key = "in/a" if name == "input" else "out/a"
+    assert reason(body_with(**{name: f"s3://data/{key}{char}b.npy"})) == "invalid_field"
+
+
+@pytest.mark.parametrize("char", [*NOT_XML, "\U0001f600", "é", "\u2028"])
+def test_params_with_any_character_make_a_sendable_next_stage_body(char):
+    params = {"note" + char: ["x" + char, {"k": char}]}
+    task = parse_task(body_with(params=params), RULES)
+    body = next_stage_body(task)
+    assert body.isascii()
+    assert orjson.loads(body) == {"task_id": "t", "input": "s3://data/out/t.npy", "params": params}

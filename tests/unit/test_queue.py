@@ -7,7 +7,19 @@ from typing import Any
 
 import pytest
 
-from sqsinfer.queue import Batcher, Message, SqsQueue, dead_letter_attributes
+from sqsinfer.queue import (
+    BODY_TRUNCATED_ATTR,
+    DETAIL_ATTR,
+    REASON_ATTR,
+    SOURCE_ID_ATTR,
+    SOURCE_QUEUE_ATTR,
+    Batcher,
+    Message,
+    SqsQueue,
+    dead_letter_attributes,
+    dead_letter_copy,
+)
+from tests.sqs_rules import message_bytes, unsendable
 
 
 async def test_entries_are_sent_ten_at_a_time_and_only_successful_ones_count():
@@ -67,3 +79,65 @@ def test_dead_letter_attributes_keep_what_fits_of_the_original():
     assert attrs["sqsinfer.reason"]["StringValue"] == "malformed_json"
     assert len(attrs["sqsinfer.detail"]["StringValue"]) == 1000
     assert attrs["sqsinfer.source_message_id"]["StringValue"] == "id-1"
+
+
+# -- the dead-letter copy: always sendable, always with its reason --------------------
+def copy_of(body: str, attrs: dict | None = None, detail: str = "why", max_bytes: int = 262_144):
+    message = Message("3f1c2a6e-0000-4000-8000-000000000001", "rh", body, 1, attrs or {})
+    copy = dead_letter_copy(message, "malformed_json", detail, QUEUE_URL, max_bytes)
+    assert unsendable(copy.body, copy.attributes, max_bytes) == []
+    assert copy.attributes[REASON_ATTR]["StringValue"] == "malformed_json"
+    assert copy.attributes[SOURCE_ID_ATTR]["StringValue"] == message.message_id
+    assert copy.attributes[SOURCE_QUEUE_ATTR]["StringValue"] == QUEUE_URL
+    return copy
+
+
+QUEUE_URL = "https://sqs.eu-west-1.amazonaws.com/123456789012/fraud-features"
+
+
+@pytest.mark.parametrize("bad", ["\uffff", "\ufffe", "\x00", "\x08", "\ud800"])
+def test_a_detail_or_attribute_sqs_refuses_is_escaped(bad):
+    attrs = {"trace": {"DataType": "String", "StringValue": f"t{bad}"}}
+    copy = copy_of("{}", attrs, detail=f"bad {bad} character")
+    assert copy.attributes[DETAIL_ATTR]["StringValue"].startswith("bad \\u")
+    assert copy.attributes["trace"]["StringValue"].startswith("t\\u")
+
+
+def test_a_copy_that_fits_is_the_original_body_with_every_attribute():
+    attrs = {"trace": {"DataType": "String", "StringValue": "abc"}}
+    copy = copy_of('{"task_id": "é"}', attrs, detail="d" * 5000)
+    assert copy.body == '{"task_id": "é"}'
+    assert copy.attributes["trace"] == attrs["trace"]
+    assert len(copy.attributes[DETAIL_ATTR]["StringValue"]) == 1000
+    assert BODY_TRUNCATED_ATTR not in copy.attributes
+
+
+def test_a_body_near_the_limit_keeps_its_body_and_trims_detail_and_attributes():
+    attrs = {f"a{i}": {"DataType": "String", "StringValue": "v" * 200} for i in range(5)}
+    body = "x" * (262_144 - 800)
+    copy = copy_of(body, attrs, detail="d" * 5000)
+    assert copy.body == body
+    assert BODY_TRUNCATED_ATTR not in copy.attributes
+    detail = copy.attributes[DETAIL_ATTR]["StringValue"]
+    assert 100 <= len(detail) < 1000
+    assert 0 < len([k for k in copy.attributes if k.startswith("a")]) < 5
+
+
+@pytest.mark.parametrize("max_bytes", [1024, 4096, 262_144])
+@pytest.mark.parametrize("char", ["x", "é", "\u20ac", "\U0001f600"])
+def test_a_body_too_large_for_the_queue_is_cut_and_marked(max_bytes, char):
+    body = char * max_bytes
+    attrs = {"trace": {"DataType": "String", "StringValue": "abc"}}
+    copy = copy_of(body, attrs, detail="d" * 5000, max_bytes=max_bytes)
+    size = copy.attributes[BODY_TRUNCATED_ATTR]["StringValue"]
+    assert size == str(len(body.encode()))
+    assert copy.body and body.startswith(copy.body)
+    assert message_bytes(copy.body, copy.attributes) > max_bytes - 8  # cut, not emptied
+
+
+def test_binary_attributes_count_toward_the_size():
+    attrs = {"blob": {"DataType": "Binary", "BinaryValue": b"\x00" * 2000}}
+    copy = copy_of("x" * 1500, attrs, max_bytes=4096)
+    assert "blob" in copy.attributes
+    copy = copy_of("x" * 2500, attrs, max_bytes=4096)
+    assert "blob" not in copy.attributes and copy.body == "x" * 2500
