@@ -160,9 +160,9 @@ def test_an_output_key_leaves_room_for_its_markers():
 
 
 def test_the_marker_reserve_covers_the_chain_marker():
-    from sqsinfer.pipeline import CHAIN_MARKER_SUFFIX
+    from sqsinfer.chain import MARKER_SUFFIX
 
-    assert len(CHAIN_MARKER_SUFFIX.encode()) <= OUTPUT_MARKER_RESERVE_BYTES
+    assert len(MARKER_SUFFIX.encode()) <= OUTPUT_MARKER_RESERVE_BYTES
 
 
 NOT_XML = ["\uffff", "\ufffe", "\x00", "\x1f", "\x0b"]
