@@ -1,7 +1,7 @@
 """The local stand-in for AWS: a moto server in its own process on loopback.
 
-Used by `sqsinfer demo`, the benchmarks and the tests. It runs as a separate process
-because in the worker's own process it would share the GIL and halve throughput.
+Used by `sqsinfer demo`, `chaos`, the benchmarks and the tests. It runs as a separate
+process because in the worker's own process it would share the GIL and halve throughput.
 """
 
 from __future__ import annotations
@@ -16,12 +16,14 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
+REGION = "us-east-1"
 FAKE_CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "testing",
     "AWS_SECRET_ACCESS_KEY": "testing",
     "AWS_SESSION_TOKEN": "testing",
-    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_DEFAULT_REGION": REGION,
 }
 _START_TIMEOUT_S = 30.0
 
@@ -48,6 +50,20 @@ def use_fake_credentials() -> None:
     """Point boto at fake credentials, unless real ones are set on purpose."""
     for key, value in FAKE_CREDENTIALS.items():
         os.environ.setdefault(key, value)
+
+
+def clients(endpoint: str, region: str = REGION) -> tuple[Any, Any]:
+    """Sync S3 and SQS clients for an endpoint, with the fake credentials a stand-in takes."""
+    import boto3
+
+    kw = {
+        "endpoint_url": endpoint,
+        "region_name": region,
+        "aws_access_key_id": FAKE_CREDENTIALS["AWS_ACCESS_KEY_ID"],
+        "aws_secret_access_key": FAKE_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+        "aws_session_token": FAKE_CREDENTIALS["AWS_SESSION_TOKEN"],
+    }
+    return boto3.client("s3", **kw), boto3.client("sqs", **kw)
 
 
 def wait_until_up(url: str, process: subprocess.Popen[bytes]) -> None:
