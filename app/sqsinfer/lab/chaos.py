@@ -526,6 +526,8 @@ def add_parser(sub: Any) -> None:
 
 
 def _command(args: argparse.Namespace) -> int:
+    if not standin.has_local_extra("chaos"):
+        return 2
     names = ChaosConfig.__dataclass_fields__
     config = ChaosConfig(**{k: v for k, v in vars(args).items() if k in names})
     return 1 if run(config).problems else 0

@@ -2,15 +2,22 @@
 
 Stage 1 scores feature files with one model; stage 2 takes each stage-1 output and
 calibrates it with a second model. A few inputs and messages are bad on purpose. Both
-workers run as real `sqsinfer worker` processes; the demo then checks, from S3 and the
-queues alone, that every valid task has exactly one correct output per stage and every
-bad one sits in the dead-letter queue with its reason.
+workers run as real `sqsinfer worker` processes; the demo shows each stage's progress
+while they run, then checks, from S3 and the queues alone, that every valid task has
+exactly one correct output per stage and every bad one sits in the dead-letter queue
+with its reason. With `--keep` the stand-in stays up afterwards, for `sqsinfer status`,
+`redrive` and a worker of one's own to look at.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import os
+import shlex
+import shutil
+import signal
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -25,6 +32,9 @@ BUCKET = "sqsinfer-demo"
 STAGE1_FEATURES = 12
 FORMATS = ("npy", "npy", "json", "jsonl", "csv")
 OUTCOMES = ("committed", "duplicate", "rejected", "retried", "released")
+FINAL = ("committed", "duplicate", "rejected")  # outcomes that end a message
+_PLAIN_EVERY_S = 3.0
+_RATE_WINDOW_S = 5.0
 
 
 @dataclass
@@ -120,11 +130,77 @@ def _train(workdir: str) -> dict[str, str]:
     }
 
 
+# -- while it runs ----------------------------------------------------------------------------
+
+
+class Progress:
+    """Each stage's messages ended so far (committed, rejected) and its rate over the last
+    few seconds: a live view on a terminal (rich), a plain line every few seconds otherwise
+    (a log, CI)."""
+
+    def __init__(self, expected: dict[str, int]) -> None:
+        from rich.console import Console
+
+        self.expected = expected
+        self.started = time.monotonic()
+        self.history: collections.deque[tuple[float, dict[str, int]]] = collections.deque()
+        self.live: Any = None
+        self.printed_at = 0.0
+        if Console().is_terminal:
+            self.live = self._bars()
+
+    def _bars(self) -> Any:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+        bars = Progress(
+            TextColumn("  {task.description:<7}"),
+            BarColumn(bar_width=24),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[counts]}"),
+        )
+        for name, total in self.expected.items():
+            bars.add_task(name, total=total, counts="")
+        bars.start()
+        return bars
+
+    def _rates(self, ended: dict[str, int]) -> dict[str, str]:
+        now = time.monotonic()
+        self.history.append((now, ended))
+        while now - self.history[0][0] > _RATE_WINDOW_S:
+            self.history.popleft()
+        then, before = self.history[0]
+        if now - then < 1.0:
+            return dict.fromkeys(ended, "…")
+        return {k: f"{(ended[k] - before[k]) / (now - then):.1f}/s" for k in ended}
+
+    def update(self, outcomes: dict[str, dict[str, float]]) -> None:
+        ended = {k: int(sum(c.get(o, 0) for o in FINAL)) for k, c in outcomes.items()}
+        rates = self._rates(ended)
+        parts = []
+        for index, (name, counts) in enumerate(outcomes.items()):
+            text = (
+                f"{int(counts.get('committed', 0))} committed, "
+                f"{int(counts.get('rejected', 0))} rejected, {rates[name]}"
+            )
+            if self.live is not None:
+                self.live.update(self.live.task_ids[index], completed=ended[name], counts=text)
+            parts.append(f"{name} {ended[name]}/{self.expected[name]} ({text})")
+        if self.live is None and time.monotonic() - self.printed_at >= _PLAIN_EVERY_S:
+            self.printed_at = time.monotonic()
+            elapsed = time.monotonic() - self.started
+            print(f"  {elapsed:4.0f} s  " + "  ".join(parts), flush=True)
+
+    def close(self) -> None:
+        if self.live is not None:
+            self.live.stop()
+
+
 def wait_for_drain(
     sqs: Any,
     plan: Plan,
     workers: list[stage.WorkerProcess],
     timeout_s: float,
+    progress: Progress,
 ) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -132,6 +208,7 @@ def wait_for_drain(
             if worker.process.poll() is not None:
                 raise RuntimeError(f"{worker.name} worker exited early; see {worker.log_path}")
         outcomes = {w.name: w.outcomes() for w in workers}
+        progress.update(outcomes)
         if sum(outcomes["stage1"].values()) >= plan.expected()["stage1"] and all(
             stage.queue_depth(sqs, plan.queues[q]) == 0 for q in ("stage1", "stage2")
         ):
@@ -193,6 +270,67 @@ def print_summary(
         )
 
 
+# -- what next --------------------------------------------------------------------------------
+
+
+def own_command() -> str:
+    """How to call `sqsinfer` from here: the bare name if PATH finds this installation's,
+    else its path (after `make demo`: .venv/bin/sqsinfer)."""
+    mine = os.path.join(os.path.dirname(sys.executable), "sqsinfer")
+    if not os.path.exists(mine) or shutil.which("sqsinfer") == mine:
+        return "sqsinfer"
+    relative = os.path.relpath(mine)
+    return relative if not relative.startswith("..") else mine
+
+
+def next_step_lines(endpoint: str, plan: Plan) -> list[str]:
+    """The environment and commands that point the operator tools and a worker at the
+    stand-in the demo leaves running."""
+    cmd, q = own_command(), plan.queues
+    creds = " ".join(f"{k}={v}" for k, v in standin.FAKE_CREDENTIALS.items())
+    return [
+        "The stand-in stays up with the demo's queues, dead-letter queues and outputs until "
+        "Ctrl-C. In another shell:",
+        "",
+        f"  export SQSINFER_ENDPOINT_URL={endpoint}",
+        f"  export {creds}",
+        f"  export STAGE1={q['stage1']} STAGE2={q['stage2']}",
+        "",
+        f"  {cmd} status --queue-url $STAGE1 --queue-url $STAGE2   # depths, DLQs under them",
+        f"  {cmd} redrive --queue-url $STAGE1 --dry-run            # dead letters by reason",
+        f"  {cmd} worker --queue-url $STAGE1 --next-queue-url $STAGE2 \\",
+        f"      --model-path {shlex.quote(plan.models['stage1'])} \\",
+        f"      --allowed-input-prefixes s3://{BUCKET}/in/ --output-prefix s3://{BUCKET}/stage1/",
+        "",
+        f"Outputs are under s3://{BUCKET}/stage1/ and s3://{BUCKET}/stage2/.",
+    ]
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _keep_until_interrupted(endpoint: str, plan: Plan) -> None:
+    # Ctrl-C or SIGTERM: either unwinds through the stand-in's and the workdir's clean-up
+    # (SIGINT too is set, since a shell that starts a job in the background ignores it).
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _interrupt)
+    print("\n" + "\n".join(next_step_lines(endpoint, plan)), flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        print("\nstand-in stopped", flush=True)
+
+
+def _suggest_keep() -> None:
+    print(
+        f"\nnext: `{own_command()} demo --keep` runs it again, then leaves the stand-in up\n"
+        "with the environment to point `sqsinfer status`, `redrive` and a worker at its\n"
+        "queues, dead letters and outputs (from make: make demo DEMO_ARGS=--keep)."
+    )
+
+
 # -- the command ------------------------------------------------------------------------------
 
 
@@ -206,11 +344,17 @@ def _run(args: argparse.Namespace, moto: standin.MotoServer, workdir: str) -> in
     ]
     try:
         stage.wait_ready(workers)
+        print("both workers ready; each stage's messages as they end:", flush=True)
+        progress = Progress(plan.expected())
         started = time.monotonic()
-        sqs = standin.clients(moto.url)[1]
-        drained = wait_for_drain(sqs, plan, workers, args.timeout_s)
-        elapsed = time.monotonic() - started
-        outcomes = {w.name: w.outcomes() for w in workers}
+        try:
+            sqs = standin.clients(moto.url)[1]
+            drained = wait_for_drain(sqs, plan, workers, args.timeout_s, progress)
+            elapsed = time.monotonic() - started
+            outcomes = {w.name: w.outcomes() for w in workers}
+            progress.update(outcomes)
+        finally:
+            progress.close()
     finally:
         codes = stage.stop_workers(workers)
     problems, _ = check(moto.url, plan)
@@ -222,10 +366,16 @@ def _run(args: argparse.Namespace, moto: standin.MotoServer, workdir: str) -> in
     if problems:
         for worker in workers:
             print(f"\n--- last lines of {worker.name} log ---\n{worker.tail_text(15)}")
+    if args.keep:
+        _keep_until_interrupted(moto.url, plan)
+    elif not problems:
+        _suggest_keep()
     return 1 if problems else 0
 
 
 def main(args: argparse.Namespace) -> int:
+    if not standin.has_local_extra("demo"):
+        return 2
     standin.use_fake_credentials()
     with tempfile.TemporaryDirectory() as workdir, standin.moto_server() as moto:
         return _run(args, moto, workdir)
