@@ -113,6 +113,12 @@ def _add_chaos(sub: Any) -> None:
     chaos.add_parser(sub)
 
 
+def _add_soak(sub: Any) -> None:
+    from sqsinfer.lab import soak
+
+    soak.add_parser(sub)
+
+
 def _add_faultproxy(sub: Any) -> None:
     from sqsinfer.lab import faults
 
@@ -123,6 +129,7 @@ COMMANDS: list[Callable[[Any], None]] = [
     _add_worker,
     _add_demo,
     _add_chaos,
+    _add_soak,
     _add_faultproxy,
     add_bench,
     add_enqueue,

@@ -32,7 +32,7 @@ def _run_blocked(*argv: str, timeout_s: float = 60) -> subprocess.CompletedProce
     return subprocess.run(argv_, capture_output=True, text=True, timeout=timeout_s, check=False)
 
 
-@pytest.mark.parametrize("command", ["demo", "chaos", "bench"])
+@pytest.mark.parametrize("command", ["demo", "chaos", "bench", "soak"])
 def test_without_the_local_extra_the_command_says_what_to_install(command):
     done = _run_blocked(command)
     assert done.returncode == 2, done.stderr

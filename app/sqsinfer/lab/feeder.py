@@ -6,12 +6,14 @@ The paces in use:
 - `Backlog`: counted, never asked of the queue (the benchmarks: no polling cost inside
   the measured window);
 - `keep_depth`: the queue's own depth, polled (chaos: several workers, kills, retries);
+- `at_rate`: a steady number of tasks a second (the soak);
 - everything at once, for a few hundred messages (the demo).
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -97,6 +99,18 @@ Pace = Callable[[Feeder], int]  # how many more messages may go now
 def keep_depth(sqs: Any, queue_url: str, depth: int) -> Pace:
     """Room up to `depth` messages in the queue (visible, in flight and delayed)."""
     return lambda feeder: max(0, depth - stage.queue_depth(sqs, queue_url))
+
+
+def at_rate(per_s: float) -> Pace:
+    """Room for `per_s` messages a second since the first call, whatever the consumer does."""
+    started: list[float] = []
+
+    def pace(feeder: Feeder) -> int:
+        if not started:
+            started.append(time.monotonic())
+        return int(per_s * (time.monotonic() - started[0])) + 1 - feeder.sent
+
+    return pace
 
 
 class FeedThread(threading.Thread):
