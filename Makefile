@@ -4,18 +4,27 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+DEMO_ARGS ?=
 
 .PHONY: demo test test-fast lint types docs docs-settings pytest bench clean
 
-$(BIN)/.installed: pyproject.toml
+# One venv in two layers. `make demo` installs the runtime and the lean local stand-in
+# (.[local], about 410 MB); `make test` adds the dev tools (.[dev]) on top. One venv, so
+# that the commands the demo prints (.venv/bin/sqsinfer ...) work whichever ran first.
+$(BIN)/.installed-local: pyproject.toml
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[local]'
+	touch $@
+
+$(BIN)/.installed: $(BIN)/.installed-local
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $@
 
-demo: $(BIN)/.installed
-	$(BIN)/sqsinfer demo
+# make demo DEMO_ARGS=--keep leaves the stand-in up afterwards, to explore.
+demo: $(BIN)/.installed-local
+	$(BIN)/sqsinfer demo $(DEMO_ARGS)
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check app tests examples

@@ -11,10 +11,10 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import boto3
 import pytest
 
 from sqsinfer.config import Settings
+from sqsinfer.lab import stage as lab_stage
 from sqsinfer.lab import standin, synthetic
 from sqsinfer.lab.faults import FaultPlan, FaultProxy
 from sqsinfer.worker import Worker
@@ -59,12 +59,7 @@ class Stage:
         return str(response["MessageId"])
 
     def outputs(self, prefix: str = "out/") -> dict[str, bytes]:
-        keys = []
-        for page in self.s3.get_paginator("list_objects_v2").paginate(
-            Bucket=self.bucket, Prefix=prefix
-        ):
-            keys += [item["Key"] for item in page.get("Contents", [])]
-        return {k: self.s3.get_object(Bucket=self.bucket, Key=k)["Body"].read() for k in keys}
+        return lab_stage.read_objects(self.s3, self.bucket, prefix)
 
     def counts(self, queue_url: str) -> tuple[int, int]:
         attrs = self.sqs.get_queue_attributes(
@@ -95,27 +90,17 @@ class Stage:
             got += batch
 
 
-def _queue_pair(sqs: Any, name: str) -> tuple[str, str]:
-    dlq = sqs.create_queue(QueueName=f"{name}-dlq")["QueueUrl"]
-    arn = sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueArn"])["Attributes"][
-        "QueueArn"
-    ]
-    policy = json.dumps({"deadLetterTargetArn": arn, "maxReceiveCount": str(MAX_RECEIVE_COUNT)})
-    url = sqs.create_queue(
-        QueueName=name, Attributes={"RedrivePolicy": policy, "VisibilityTimeout": "30"}
-    )["QueueUrl"]
-    return url, dlq
-
-
 @pytest.fixture
 def stage(moto: standin.MotoServer) -> Stage:
-    kw = {"endpoint_url": moto.url, "region_name": "us-east-1"}
-    s3, sqs = boto3.client("s3", **kw), boto3.client("sqs", **kw)
-    name = "t" + uuid.uuid4().hex[:10]
-    s3.create_bucket(Bucket=name)
-    url, dlq = _queue_pair(sqs, name)
-    next_url, next_dlq = _queue_pair(sqs, name + "-next")
-    return Stage(moto.url, s3, sqs, name, url, dlq, next_url, next_dlq)
+    s3, sqs = standin.clients(moto.url)
+    name = lab_stage.create_bucket(s3, "t" + uuid.uuid4().hex[:10])
+    this, after = (
+        lab_stage.create_queue(
+            sqs, queue, max_receive_count=MAX_RECEIVE_COUNT, attributes={"VisibilityTimeout": "30"}
+        )
+        for queue in (name, name + "-next")
+    )
+    return Stage(moto.url, s3, sqs, name, this.url, this.dlq_url, after.url, after.dlq_url)
 
 
 @pytest.fixture

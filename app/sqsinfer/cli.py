@@ -31,6 +31,7 @@ DEMO_EPILOG = """\
 Runs a two-stage chain end to end on a local moto server, with no AWS account:
   sqsinfer demo                 # a few hundred tasks, a few of them deliberately bad
   sqsinfer demo --tasks 1000 --processes 2
+  sqsinfer demo --keep          # then leave the stand-in up to explore, until Ctrl-C
 Exits non-zero if any valid task lacks its outputs or any bad one is missing from the DLQ.
 """
 
@@ -88,6 +89,11 @@ def _add_demo(sub: Any) -> None:
     p.add_argument("--rows", type=int, default=200, help="rows per input file (200)")
     p.add_argument("--timeout-s", type=float, default=100.0, help="give up after (100 s)")
     p.add_argument("--log-level", default="WARNING", help="log level of the demo (WARNING)")
+    p.add_argument(
+        "--keep",
+        action="store_true",
+        help="after the check, keep the stand-in running and print how to reach it",
+    )
     p.set_defaults(func=cmd_demo)
 
 
@@ -95,6 +101,12 @@ def _add_chaos(sub: Any) -> None:
     from sqsinfer.lab import chaos
 
     chaos.add_parser(sub)
+
+
+def _add_soak(sub: Any) -> None:
+    from sqsinfer.lab import soak
+
+    soak.add_parser(sub)
 
 
 def _add_faultproxy(sub: Any) -> None:
@@ -107,6 +119,7 @@ COMMANDS: list[Callable[[Any], None]] = [
     _add_worker,
     _add_demo,
     _add_chaos,
+    _add_soak,
     _add_faultproxy,
     add_bench,
     add_enqueue,

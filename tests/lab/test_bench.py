@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from sqsinfer import bench
-from sqsinfer.bench import emulator, probe, report, runner, workload
+from sqsinfer.bench import probe, report, runner, workload
+from sqsinfer.lab import feeder as feeding
 
 SCENARIOS = {
     "compute-only",
@@ -99,12 +100,12 @@ def test_the_feeder_never_lets_more_than_a_hundred_messages_wait():
             sent.append(len(Entries))
             return {"Successful": Entries}
 
-    res = emulator.Resources("b", "q", "d", ["s3://b/in/0.npy"])
-    feeder = emulator.Feeder(Sqs(), res, "t", depth=500, in_flight=4)
-    feeder.top_up(0)
-    assert feeder.sent <= emulator.MAX_VISIBLE
+    feeder = feeding.Feeder(Sqs(), "q", feeding.cycling("t", ["s3://b/in/0.npy"]))
+    backlog = feeding.Backlog(feeder, depth=500, in_flight=4)
+    backlog.top_up(0)
+    assert feeder.sent <= feeding.MAX_VISIBLE
     before = feeder.sent
-    feeder.top_up(30)  # 30 finished: room for 30 more, in whole batches
+    backlog.top_up(30)  # 30 finished: room for 30 more, in whole batches
     assert feeder.sent == before + 30
     assert json.loads(feeder.body(7))["task_id"] == "t-000007"
 

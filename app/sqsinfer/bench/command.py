@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 
 from sqsinfer import config
-from sqsinfer.bench import emulator, handoff, report, runner, workload
+from sqsinfer.bench import handoff, report, runner, workload
 from sqsinfer.lab import standin
 
 _FULL_REGIMES = ["medium", "heavy"]
@@ -121,7 +121,7 @@ def run_regime(
 def _run_scenarios(
     args: argparse.Namespace, ctx: runner.Context, moto: standin.MotoServer
 ) -> dict[str, list[dict[str, Any]]]:
-    s3, sqs = emulator.clients(moto.url, ctx.region)
+    s3, sqs = standin.clients(moto.url, ctx.region)
     runs: dict[str, list[dict[str, Any]]] = {}
     for attempt in range(args.repeat):
         for scenario in _scenarios(args):
@@ -155,6 +155,8 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    if not standin.has_local_extra("bench"):
+        return 2
     standin.use_fake_credentials()
     signal.signal(signal.SIGTERM, _interrupt)
     try:

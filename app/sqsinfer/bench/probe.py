@@ -1,4 +1,4 @@
-"""Measuring from the outside: a process tree's CPU and peak memory, a scenario's log.
+"""Measuring from the outside: a process tree's CPU and peak memory.
 
 A scenario runs as its own process tree (the root and every descendant). Its CPU is
 read from the kernel's accounting (psutil), never from inside, so the figure includes
@@ -15,7 +15,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
 import psutil
 
 _MB = 1024 * 1024
@@ -115,39 +114,6 @@ def own_cpu_seconds(pid: int) -> float:
         return cpu_seconds(psutil.Process(pid))
     except psutil.Error:
         return 0.0
-
-
-class LogTail:
-    """Reads the JSON lines a scenario appends to its log file, as they arrive."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._offset = 0
-        self._partial = b""
-
-    def read(self) -> list[dict[str, Any]]:
-        try:
-            with open(self.path, "rb") as fh:
-                fh.seek(self._offset)
-                data = fh.read()
-        except FileNotFoundError:
-            return []
-        self._offset += len(data)
-        lines = (self._partial + data).split(b"\n")
-        self._partial = lines.pop()
-        records = []
-        for line in lines:
-            if line.startswith(b"{"):
-                with contextlib.suppress(orjson.JSONDecodeError):
-                    doc = orjson.loads(line)
-                    if isinstance(doc, dict):
-                        records.append(doc)
-        return records
-
-    def tail_text(self, lines: int = 20) -> str:
-        with contextlib.suppress(OSError), open(self.path, "rb") as fh:
-            return b"".join(fh.readlines()[-lines:]).decode(errors="replace")
-        return ""
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:

@@ -26,7 +26,8 @@ import psutil
 
 from sqsinfer.bench import emulator, probe, profile
 from sqsinfer.bench.workload import Regime
-from sqsinfer.lab import standin
+from sqsinfer.lab import feeder as feeding
+from sqsinfer.lab import stage, standin
 
 log = logging.getLogger("sqsinfer.bench")
 
@@ -107,7 +108,7 @@ class Context:
         if name == "naive":
             return self.processes
         if name == "emulator-ceiling":
-            return max(emulator.SQS_BATCH, self.processes * self.prefetch)
+            return max(feeding.SQS_BATCH, self.processes * self.prefetch)
         return self.processes * self.prefetch
 
 
@@ -136,26 +137,28 @@ class Launched:
 
 
 def _sqsinfer_env(ctx: Context, res: emulator.Resources, port: int) -> dict[str, str]:
-    return {
-        "SQSINFER_QUEUE_URL": res.queue_url,
-        "SQSINFER_DLQ_URL": res.dlq_url,
-        "SQSINFER_MODEL_PATH": ctx.model_path,
-        "SQSINFER_ALLOWED_INPUT_PREFIXES": f"s3://{res.bucket}/in/",
-        "SQSINFER_OUTPUT_PREFIX": f"s3://{res.bucket}/out/",
-        "SQSINFER_ENDPOINT_URL": ctx.endpoint,
-        "SQSINFER_REGION": ctx.region,
-        "SQSINFER_PROCESSES": str(ctx.processes),
-        "SQSINFER_THREADS_PER_PROCESS": str(ctx.threads),
-        "SQSINFER_PREFETCH": str(ctx.prefetch),
-        "SQSINFER_MAX_INPUT_BYTES": str(ctx.max_input_bytes),
-        "SQSINFER_HEALTH_HOST": "127.0.0.1",
-        "SQSINFER_HEALTH_PORT": str(port),
-        "SQSINFER_LOG_FORMAT": "json",
-        "SQSINFER_LOG_LEVEL": "INFO",
-        "SQSINFER_WORKER_ID": "bench",
-        "SQSINFER_TASK_TIME_S": "10",
-        "SQSINFER_DRAIN_DEADLINE_S": "10",
-    }
+    settings = stage.stage_settings(
+        ctx.endpoint,
+        res.queue_url,
+        ctx.model_path,
+        reads=f"s3://{res.bucket}/in/",
+        writes=f"s3://{res.bucket}/out/",
+    )
+    return stage.worker_env(
+        "bench",
+        stage.SHORT_DRAIN
+        | settings
+        | {
+            "SQSINFER_DLQ_URL": res.dlq_url,
+            "SQSINFER_REGION": ctx.region,
+            "SQSINFER_PROCESSES": str(ctx.processes),
+            "SQSINFER_THREADS_PER_PROCESS": str(ctx.threads),
+            "SQSINFER_PREFETCH": str(ctx.prefetch),
+            "SQSINFER_MAX_INPUT_BYTES": str(ctx.max_input_bytes),
+            "SQSINFER_LOG_LEVEL": "INFO",
+        },
+        port,
+    )
 
 
 def _child_config(ctx: Context, name: str, res: emulator.Resources | None) -> dict[str, Any]:
@@ -184,7 +187,7 @@ def launch(ctx: Context, name: str, res: emulator.Resources | None) -> Launched:
     if name == "sqsinfer":
         assert res is not None
         port = standin.free_port()
-        env |= _sqsinfer_env(ctx, res, port)
+        env = _sqsinfer_env(ctx, res, port)
         argv = [sys.executable, "-m", "sqsinfer", "worker"]
     else:
         with open(stem + ".json", "wb") as fh:
@@ -223,9 +226,9 @@ def stop(launched: Launched) -> None:
 class Tracker:
     """Follows a scenario's log: readiness, finished tasks and the feeder."""
 
-    def __init__(self, launched: Launched, feeder: emulator.Feeder | None) -> None:
+    def __init__(self, launched: Launched, feeder: feeding.Backlog | None) -> None:
         self.launched = launched
-        self.tail = probe.LogTail(launched.log_path)
+        self.tail = stage.LogTail(launched.log_path)
         self.feeder = feeder
         self.finished: list[dict[str, Any]] = []
         self.failures = 0
@@ -442,7 +445,11 @@ def run_scenario(ctx: Context, scenario: Scenario, s3: Any, sqs: Any) -> dict[st
     feeder = None
     if scenario.uses_queue:
         res = emulator.create_resources(s3, sqs, ctx.inputs)
-        feeder = emulator.Feeder(sqs, res, name, ctx.queue_depth, ctx.in_flight(name))
+        feeder = feeding.Backlog(
+            feeding.Feeder(sqs, res.queue_url, feeding.cycling(name, res.inputs)),
+            ctx.queue_depth,
+            ctx.in_flight(name),
+        )
     profile_path = ""
     if ctx.profile and name == "sqsinfer":
         profile_path = os.path.join(ctx.work_dir, f"profile-{ctx.regime.name}-{name}.txt")
@@ -462,6 +469,6 @@ def run_scenario(ctx: Context, scenario: Scenario, s3: Any, sqs: Any) -> dict[st
     result["label"] = scenario.label
     result["in_flight"] = ctx.in_flight(name) if scenario.uses_queue else ctx.processes
     if feeder is not None:
-        result["messages_sent"] = feeder.sent
+        result["messages_sent"] = feeder.feeder.sent
     result["log"] = launched.log_path
     return result

@@ -24,7 +24,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -34,7 +33,7 @@ import numpy as np
 import psutil
 
 from sqsinfer.chain import WRITE_ATTEMPTS
-from sqsinfer.lab import demo, standin, synthetic
+from sqsinfer.lab import feeder, stage, standin, synthetic
 from sqsinfer.lab.faults import SDK_ATTEMPTS
 
 BUCKET = "sqsinfer-chaos"
@@ -103,10 +102,9 @@ def _poison(s3: Any, i: int) -> tuple[str, str]:
 
 
 def prepare(endpoint: str, config: ChaosConfig) -> tuple[Workload, dict[str, str]]:
-    s3, sqs = demo.clients(endpoint)
-    s3.create_bucket(Bucket=BUCKET)
-    s3.put_bucket_versioning(Bucket=BUCKET, VersioningConfiguration={"Status": "Enabled"})
-    queues = demo.create_queues(sqs, "chaos", max_receive_count=10)
+    s3, sqs = standin.clients(endpoint)
+    stage.create_bucket(s3, BUCKET, versioned=True)
+    queues = stage.create_chain(sqs, "chaos", max_receive_count=10)
     rng = random.Random(config.seed)
     work = Workload()
     for i in range(config.tasks):
@@ -137,7 +135,7 @@ def add_squatters(endpoint: str, config: ChaosConfig, work: Workload) -> None:
     Each must end in the DLQ as `output_conflict`, its output untouched and never handed
     on to stage 2 under the squatting task's id.
     """
-    s3, _ = demo.clients(endpoint)
+    s3, _ = standin.clients(endpoint)
     for i in range(config.squatters):
         task_id = f"squat-{i}"
         rows = synthetic.make_rows(4, FEATURES, seed=i)
@@ -153,37 +151,24 @@ def add_squatters(endpoint: str, config: ChaosConfig, work: Workload) -> None:
         work.bodies.insert((i + 1) * len(work.bodies) // (config.squatters + 1), body)
 
 
-class Feeder(threading.Thread):
+def start_feeding(endpoint: str, url: str, bodies: list[str], depth: int) -> feeder.FeedThread:
     """Keeps the first queue shallow (moto's SQS slows as a queue deepens)."""
-
-    def __init__(self, endpoint: str, url: str, bodies: list[str], depth: int) -> None:
-        super().__init__(daemon=True)
-        self.sqs = demo.clients(endpoint)[1]
-        self.url, self.bodies, self.depth = url, bodies, depth
-        self.sent = 0
-
-    def run(self) -> None:
-        while self.sent < len(self.bodies):
-            if demo.queue_depth(self.sqs, self.url) >= self.depth:
-                time.sleep(0.2)
-                continue
-            batch = self.bodies[self.sent : self.sent + 10]
-            entries = [{"Id": str(i), "MessageBody": b} for i, b in enumerate(batch)]
-            response = self.sqs.send_message_batch(QueueUrl=self.url, Entries=entries)
-            if response.get("Failed"):
-                raise RuntimeError(f"feeding failed: {response['Failed']}")
-            self.sent += len(batch)
+    sqs = standin.clients(endpoint)[1]
+    feed = feeder.FeedThread(
+        feeder.Feeder(sqs, url, feeder.listed(bodies), len(bodies)),
+        feeder.keep_depth(sqs, url, depth),
+    )
+    feed.start()
+    return feed
 
 
 # -- the cluster under test -----------------------------------------------------------------
 
 
-def _worker_env(
+def _settings(
     name: str, queues: dict[str, str], endpoint: str, models: dict[str, str], config: ChaosConfig
 ) -> dict[str, str]:
-    stage = name.split("-", maxsplit=1)[0]
-    env = {
-        "SQSINFER_ENDPOINT_URL": endpoint,
+    timings = {
         "SQSINFER_PROCESSES": "1",
         "SQSINFER_WAIT_TIME_S": "1",
         "SQSINFER_VISIBILITY_TIMEOUT_S": str(config.visibility_timeout_s),
@@ -191,29 +176,11 @@ def _worker_env(
         "SQSINFER_RETRY_BASE_S": "1",
         "SQSINFER_RETRY_MAX_S": "8",
         "SQSINFER_CHAIN_SETTLE_S": "4",
-        "SQSINFER_TASK_TIME_S": "5",
-        "SQSINFER_DRAIN_DEADLINE_S": "5",
-        "SQSINFER_QUEUE_URL": queues[stage],
-        "SQSINFER_MODEL_PATH": models[stage],
     }
-    if stage == "stage1":
-        return env | {
-            "SQSINFER_NEXT_QUEUE_URL": queues["stage2"],
-            "SQSINFER_ALLOWED_INPUT_PREFIXES": f"s3://{BUCKET}/in/",
-            "SQSINFER_OUTPUT_PREFIX": f"s3://{BUCKET}/stage1/",
-        }
-    return env | {
-        "SQSINFER_ALLOWED_INPUT_PREFIXES": f"s3://{BUCKET}/stage1/",
-        "SQSINFER_OUTPUT_PREFIX": f"s3://{BUCKET}/stage2/",
-    }
-
-
-def _pool_children(process: subprocess.Popen[bytes]) -> list[psutil.Process]:
-    try:
-        children = psutil.Process(process.pid).children()
-    except psutil.NoSuchProcess:
-        return []
-    return [c for c in children if "spawn_main" in " ".join(_cmdline(c))]
+    which = name.split("-", maxsplit=1)[0]
+    return (
+        stage.SHORT_DRAIN | timings | stage.chain_settings(endpoint, queues, models, BUCKET)[which]
+    )
 
 
 def _computing(process: psutil.Process) -> bool:
@@ -225,13 +192,6 @@ def _computing(process: psutil.Process) -> bool:
         return bool(process.status() == psutil.STATUS_RUNNING)
     except psutil.Error:
         return False
-
-
-def _cmdline(process: psutil.Process) -> list[str]:
-    try:
-        return [str(part) for part in process.cmdline()]
-    except psutil.Error:
-        return []
 
 
 @dataclass
@@ -253,20 +213,20 @@ class Chaos:
         self.workdir = workdir
         self.events = Events()
         self.rng = random.Random(config.seed)
-        self.workers: list[demo.StageProcess] = []
+        self.workers: list[stage.WorkerProcess] = []
 
     def start_workers(self, queues: dict[str, str], endpoint: str, models: dict[str, str]) -> None:
-        for stage in ("stage1", "stage2"):
+        for which in ("stage1", "stage2"):
             for n in range(self.config.workers_per_stage):
-                name = f"{stage}-{'abcdefgh'[n]}"
-                env = _worker_env(name, queues, endpoint, models, self.config)
-                self.workers.append(demo.start_stage(name, env, self.workdir))
+                name = f"{which}-{'abcdefgh'[n]}"
+                settings = _settings(name, queues, endpoint, models, self.config)
+                self.workers.append(stage.start_worker(name, settings, self.workdir))
 
     def kill_a_child(self) -> None:
         """SIGKILL an inference process, one caught computing if possible (up to 2 s)."""
         deadline = time.monotonic() + 2.0
         while True:
-            candidates = [(w, c) for w in self.workers for c in _pool_children(w.process)]
+            candidates = [(w, c) for w in self.workers for c in w.pool_children()]
             busy = [(w, c) for w, c in candidates if _computing(c)]
             if busy or (candidates and time.monotonic() > deadline):
                 worker, child = self.rng.choice(busy or candidates)
@@ -277,21 +237,20 @@ class Chaos:
                 return
             time.sleep(0.005)
 
-    def sigterm_and_restart(self, worker: demo.StageProcess) -> None:
-        worker.process.send_signal(signal.SIGTERM)
-        self.events.sigterm_exit = worker.process.wait(timeout=60)
+    def sigterm_and_restart(self, worker: stage.WorkerProcess) -> None:
+        self.events.sigterm_exit = worker.stop()
         self.events.note(f"SIGTERM {worker.name}: exit {self.events.sigterm_exit}; restarted")
-        worker.restart()
+        worker.start()
 
-    def sigkill_and_restart(self, worker: demo.StageProcess) -> None:
+    def sigkill_and_restart(self, worker: stage.WorkerProcess) -> None:
         # A pod killed outright: the worker and its processes, no drain, no release.
-        for child in _pool_children(worker.process):
+        for child in worker.pool_children():
             child.kill()
         worker.process.kill()
         worker.process.wait()
         self.events.sigkills += 1
         self.events.note(f"SIGKILL {worker.name} (no drain); restarted")
-        worker.restart()
+        worker.start()
 
     def schedule(self) -> list[tuple[float, Any]]:
         """Actions by the fraction of tasks finished at stage 2."""
@@ -313,27 +272,27 @@ def _count_outputs(s3: Any, prefix: str) -> int:
 
 
 def run_until_drained(
-    chaos: Chaos, feeder: Feeder, endpoint: str, queues: dict[str, str], tasks: int
+    chaos: Chaos, feed: feeder.FeedThread, endpoint: str, queues: dict[str, str], tasks: int
 ) -> bool:
-    s3, sqs = demo.clients(endpoint)
+    s3, sqs = standin.clients(endpoint)
     pending = chaos.schedule()
     deadline = time.monotonic() + chaos.config.timeout_s
     while time.monotonic() < deadline:
         done = _count_outputs(s3, "stage2/")
         while pending and done >= pending[0][0] * tasks:
             pending.pop(0)[1]()
+        if feed.error is not None:
+            raise RuntimeError(f"feeding failed: {feed.error}")
         if (
             done >= tasks
-            and not feeder.is_alive()
+            and not feed.is_alive()
             and not pending
-            and all(demo.queue_depth(sqs, queues[q]) == 0 for q in ("stage1", "stage2"))
+            and all(stage.queue_depth(sqs, queues[q]) == 0 for q in ("stage1", "stage2"))
         ):
             return True
         for worker in chaos.workers:
             if worker.process.poll() is not None:
-                with open(worker.log_path) as fh:
-                    tail = "".join(fh.readlines()[-20:])
-                raise RuntimeError(f"{worker.name} exited unexpectedly:\n{tail}")
+                raise RuntimeError(f"{worker.name} exited unexpectedly:\n{worker.tail_text()}")
         time.sleep(_POLL_S)
     return False
 
@@ -359,12 +318,11 @@ def _versions(s3: Any) -> Counter[str]:
     return counts
 
 
-def _log_lines(workers: list[demo.StageProcess], stage: str) -> list[dict[str, Any]]:
+def _log_lines(workers: list[stage.WorkerProcess], which: str) -> list[dict[str, Any]]:
     lines = []
     for worker in workers:
-        if worker.name.startswith(stage):
-            with open(worker.log_path) as fh:
-                lines += [json.loads(line) for line in fh if line.startswith("{")]
+        if worker.name.startswith(which):
+            lines += worker.log_records()
     return lines
 
 
@@ -387,17 +345,17 @@ def _link_states(stage1: dict[str, bytes]) -> dict[str, str]:
 
 
 def check_outputs(endpoint: str, work: Workload, models: dict[str, str], f: Findings) -> None:
-    s3, _ = demo.clients(endpoint)
-    model1, model2 = demo.predictor(models["stage1"]), demo.predictor(models["stage2"])
+    s3, _ = standin.clients(endpoint)
+    model1, model2 = synthetic.predictor(models["stage1"]), synthetic.predictor(models["stage2"])
     expected1 = {f"stage1/{t}.npy": model1.predict(rows) for t, rows in work.valid.items()}
-    stage1 = demo.read_objects(s3, "stage1/", BUCKET)
+    stage1 = stage.read_objects(s3, BUCKET, "stage1/")
     squatted = {k: stage1.pop(k, None) for k in work.squatted}
-    problems, decoded = demo.check_stage(stage1, expected1, "npy")
+    problems, decoded = stage.check_stage(stage1, expected1, "npy")
     expected2 = {
         k.replace("stage1/", "stage2/"): model2.predict(v.reshape(-1, 1))
         for k, v in decoded.items()
     }
-    more, decoded2 = demo.check_stage(demo.read_objects(s3, "stage2/", BUCKET), expected2, "npy")
+    more, decoded2 = stage.check_stage(stage.read_objects(s3, BUCKET, "stage2/"), expected2, "npy")
     f.problems += problems + more
     links = _link_states(stage1)
     missing_links = [k for k in expected1 if links.get(k) != "sent"]
@@ -422,11 +380,11 @@ def check_outputs(endpoint: str, work: Workload, models: dict[str, str], f: Find
 
 
 def check_queues(endpoint: str, work: Workload, queues: dict[str, str], f: Findings) -> None:
-    _, sqs = demo.clients(endpoint)
-    residue = {q: demo.queue_depth(sqs, queues[q]) for q in ("stage1", "stage2")}
+    _, sqs = standin.clients(endpoint)
+    residue = {q: stage.queue_depth(sqs, queues[q]) for q in ("stage1", "stage2")}
     f.expect(not any(residue.values()), f"messages left on the queues: {residue}")
-    entries = demo.dead_letter_entries(sqs, queues["stage1-dlq"])
-    stray = demo.dead_letter_entries(sqs, queues["stage2-dlq"])
+    entries = stage.dead_letter_entries(sqs, queues["stage1-dlq"])
+    stray = stage.dead_letter_entries(sqs, queues["stage2-dlq"])
     unreasoned = sum(1 for _, reason in entries + stray if not reason)
     dead = dict(entries)
     wrong = {b: r or "(no reason)" for b, r in dead.items() if work.poison.get(b) != r}
@@ -477,7 +435,7 @@ def check_downstream(
     }
 
 
-def check_logs(workers: list[demo.StageProcess], work: Workload, f: Findings) -> None:
+def check_logs(workers: list[stage.WorkerProcess], work: Workload, f: Findings) -> None:
     stage1, stage2 = _log_lines(workers, "stage1"), _log_lines(workers, "stage2")
     check_downstream(stage1, stage2, f)
     all_lines = stage1 + stage2
@@ -610,13 +568,12 @@ def run(config: ChaosConfig) -> Findings:
         started = time.monotonic()
         try:
             chaos.start_workers(queues, proxy_url, models)
-            demo.wait_ready(chaos.workers)
-            feeder = Feeder(moto.url, queues["stage1"], work.bodies, config.feed_depth)
-            feeder.start()
-            drained = run_until_drained(chaos, feeder, moto.url, queues, len(work.valid))
+            stage.wait_ready(chaos.workers)
+            feed = start_feeding(moto.url, queues["stage1"], work.bodies, config.feed_depth)
+            drained = run_until_drained(chaos, feed, moto.url, queues, len(work.valid))
             elapsed = time.monotonic() - started
         finally:
-            codes = demo.stop_stages(chaos.workers)
+            codes = stage.stop_workers(chaos.workers)
             proxy.send_signal(signal.SIGTERM)
             proxy.wait(timeout=30)
         findings = Findings(
@@ -682,6 +639,8 @@ def add_parser(sub: Any) -> None:
 
 
 def _command(args: argparse.Namespace) -> int:
+    if not standin.has_local_extra("chaos"):
+        return 2
     names = ChaosConfig.__dataclass_fields__
     config = ChaosConfig(**{k: v for k, v in vars(args).items() if k in names})
     return 1 if run(config).problems else 0

@@ -2,36 +2,39 @@
 
 Stage 1 scores feature files with one model; stage 2 takes each stage-1 output and
 calibrates it with a second model. A few inputs and messages are bad on purpose. Both
-workers run as real `sqsinfer worker` processes; the demo then checks, from S3 and the
-queues alone, that every valid task has exactly one correct output per stage and every
-bad one sits in the dead-letter queue with its reason.
+workers run as real `sqsinfer worker` processes; the demo shows each stage's progress
+while they run, then checks, from S3 and the queues alone, that every valid task has
+exactly one correct output per stage and every bad one sits in the dead-letter queue
+with its reason. With `--keep` the stand-in stays up afterwards, for `sqsinfer status`,
+`redrive` and a worker of one's own to look at.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import collections
 import os
+import shlex
+import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import orjson
 
-from sqsinfer.handlers.xgboost_impl import XGBoostHandler
-from sqsinfer.lab import standin, synthetic
-from sqsinfer.queue import REASON_ATTR
+from sqsinfer.lab import feeder, stage, standin, synthetic
 
 BUCKET = "sqsinfer-demo"
 STAGE1_FEATURES = 12
 FORMATS = ("npy", "npy", "json", "jsonl", "csv")
-MAX_RECEIVE_COUNT = 3
+OUTCOMES = ("committed", "duplicate", "rejected", "retried", "released")
+FINAL = ("committed", "duplicate", "rejected")  # outcomes that end a message
+_PLAIN_EVERY_S = 3.0
+_RATE_WINDOW_S = 5.0
 
 
 @dataclass
@@ -41,276 +44,189 @@ class Plan:
     valid: dict[str, np.ndarray] = field(default_factory=dict)  # task id → input rows
     bad: dict[str, str] = field(default_factory=dict)  # message body → expected reason
     queues: dict[str, str] = field(default_factory=dict)
+    models: dict[str, str] = field(default_factory=dict)  # stage → model file
 
-
-def clients(endpoint: str) -> tuple[Any, Any]:
-    import boto3
-
-    kw = {"endpoint_url": endpoint, "region_name": "us-east-1"}
-    return boto3.client("s3", **kw), boto3.client("sqs", **kw)
-
-
-def create_queues(
-    sqs: Any, prefix: str = "demo", max_receive_count: int = MAX_RECEIVE_COUNT
-) -> dict[str, str]:
-    """Two stages of queues, each with a dead-letter queue and a redrive policy."""
-    urls = {}
-    for stage in ("stage1", "stage2"):
-        dlq = sqs.create_queue(QueueName=f"{prefix}-{stage}-dlq")["QueueUrl"]
-        arn = sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueArn"])
-        policy = {
-            "deadLetterTargetArn": arn["Attributes"]["QueueArn"],
-            "maxReceiveCount": str(max_receive_count),
-        }
-        urls[stage] = sqs.create_queue(
-            QueueName=f"{prefix}-{stage}", Attributes={"RedrivePolicy": json.dumps(policy)}
-        )["QueueUrl"]
-        urls[f"{stage}-dlq"] = dlq
-    return urls
+    def expected(self) -> dict[str, int]:
+        """Messages each stage must bring to an end."""
+        return {"stage1": len(self.valid) + len(self.bad), "stage2": len(self.valid)}
 
 
 def _bad_inputs(s3: Any) -> dict[str, str]:
     """Messages that must end in the DLQ, each with the reason it must carry."""
-    put = s3.put_object
-    put(Bucket=BUCKET, Key="in/bad-garbage.npy", Body=b"\x93NUMPY not really")
     narrow = synthetic.encode_input(synthetic.make_rows(3, 5, seed=9), "npy")
-    put(Bucket=BUCKET, Key="in/bad-narrow.npy", Body=narrow)
-    put(Bucket=BUCKET, Key="in/bad-text.csv", Body=b"a,b\n1,x\n")
-    put(Bucket=BUCKET, Key="secret/model-weights.npy", Body=narrow)
+    stage.put_objects(
+        s3,
+        BUCKET,
+        {
+            "in/bad-garbage.npy": b"\x93NUMPY not really",
+            "in/bad-narrow.npy": narrow,
+            "in/bad-text.csv": b"a,b\n1,x\n",
+            "secret/model-weights.npy": narrow,
+        },
+    )
+
+    def task(task_id: str, key: str) -> str:
+        return orjson.dumps({"task_id": task_id, "input": f"s3://{BUCKET}/{key}"}).decode()
+
     return {
         '{"task_id": "broken-json", "input": ': "malformed_json",
-        json.dumps({"input": f"s3://{BUCKET}/in/t.npy"}): "missing_field",
-        json.dumps(
-            {"task_id": "t-outside", "input": f"s3://{BUCKET}/secret/model-weights.npy"}
-        ): "input_not_allowed",
-        json.dumps(
-            {"task_id": "t-garbage", "input": f"s3://{BUCKET}/in/bad-garbage.npy"}
-        ): "undecodable_input",
-        json.dumps(
-            {"task_id": "t-narrow", "input": f"s3://{BUCKET}/in/bad-narrow.npy"}
-        ): "wrong_feature_count",
-        json.dumps(
-            {"task_id": "t-text", "input": f"s3://{BUCKET}/in/bad-text.csv"}
-        ): "undecodable_input",
-        json.dumps(
-            {"task_id": "t-missing", "input": f"s3://{BUCKET}/in/nowhere.npy"}
-        ): "input_not_found",
+        orjson.dumps({"input": f"s3://{BUCKET}/in/t.npy"}).decode(): "missing_field",
+        task("t-outside", "secret/model-weights.npy"): "input_not_allowed",
+        task("t-garbage", "in/bad-garbage.npy"): "undecodable_input",
+        task("t-narrow", "in/bad-narrow.npy"): "wrong_feature_count",
+        task("t-text", "in/bad-text.csv"): "undecodable_input",
+        task("t-missing", "in/nowhere.npy"): "input_not_found",
     }
-
-
-def _upload_valid(s3: Any, tasks: int, rows: int) -> dict[str, tuple[np.ndarray, str]]:
-    made = {}
-    for i in range(tasks):
-        fmt = FORMATS[i % len(FORMATS)]
-        made[f"task-{i:05d}"] = (synthetic.make_rows(rows, STAGE1_FEATURES, seed=1000 + i), fmt)
-
-    def put(item: tuple[str, tuple[np.ndarray, str]]) -> None:
-        task_id, (array, fmt) = item
-        body = synthetic.encode_input(array, fmt)
-        s3.put_object(Bucket=BUCKET, Key=f"in/{task_id}.{fmt}", Body=body)
-
-    with ThreadPoolExecutor(8) as pool:
-        list(pool.map(put, made.items()))
-    return made
-
-
-def _enqueue(sqs: Any, url: str, bodies: list[str]) -> None:
-    for start in range(0, len(bodies), 10):
-        entries = [
-            {"Id": str(i), "MessageBody": body} for i, body in enumerate(bodies[start : start + 10])
-        ]
-        response = sqs.send_message_batch(QueueUrl=url, Entries=entries)
-        if response.get("Failed"):
-            raise RuntimeError(f"enqueue failed: {response['Failed']}")
 
 
 def prepare(endpoint: str, tasks: int, rows: int) -> Plan:
-    s3, sqs = clients(endpoint)
-    s3.create_bucket(Bucket=BUCKET)
-    plan = Plan(queues=create_queues(sqs))
-    made = _upload_valid(s3, tasks, rows)
+    s3, sqs = standin.clients(endpoint)
+    stage.create_bucket(s3, BUCKET)
+    plan = Plan(queues=stage.create_chain(sqs, "demo"))
+    made = {
+        f"task-{i:05d}": (
+            synthetic.make_rows(rows, STAGE1_FEATURES, seed=1000 + i),
+            FORMATS[i % len(FORMATS)],
+        )
+        for i in range(tasks)
+    }
+    stage.put_objects(
+        s3,
+        BUCKET,
+        {f"in/{t}.{fmt}": synthetic.encode_input(rows_, fmt) for t, (rows_, fmt) in made.items()},
+    )
     plan.valid = {task_id: array for task_id, (array, _) in made.items()}
     plan.bad = _bad_inputs(s3)
     bodies = [
-        json.dumps({"task_id": task_id, "input": f"s3://{BUCKET}/in/{task_id}.{fmt}"})
-        for task_id, (_, fmt) in made.items()
-    ]
-    _enqueue(sqs, plan.queues["stage1"], bodies + list(plan.bad))
+        orjson.dumps({"task_id": t, "input": f"s3://{BUCKET}/in/{t}.{fmt}"}).decode()
+        for t, (_, fmt) in made.items()
+    ] + list(plan.bad)
+    # A few hundred messages: moto's queue stays quick at that depth, so all at once.
+    feeder.Feeder(sqs, plan.queues["stage1"], feeder.listed(bodies), len(bodies)).top_up(
+        len(bodies)
+    )
     return plan
 
 
-@dataclass
-class StageProcess:
-    name: str
-    process: subprocess.Popen[bytes]
-    health_port: int
-    log_path: str
-    env: dict[str, str] = field(default_factory=dict)
-
-    def restart(self) -> None:
-        """Start the same worker again (same settings, same log file)."""
-        self.process = _spawn_worker(self.env, self.log_path)
-
-    def metrics(self) -> dict[str, float]:
-        url = f"http://127.0.0.1:{self.health_port}/metrics"
-        with urllib.request.urlopen(url, timeout=5) as response:
-            text = response.read().decode()
-        found = {}
-        for line in text.splitlines():
-            if line.startswith("sqsinfer_tasks_total{"):
-                outcome = line.split('"')[1]
-                found[outcome] = float(line.rsplit(" ", 1)[1])
-        return found
-
-    def ready(self) -> bool:
-        try:
-            url = f"http://127.0.0.1:{self.health_port}/readyz"
-            with urllib.request.urlopen(url, timeout=1) as response:
-                return bool(response.status == 200)
-        except OSError:
-            return False
-
-
-def start_stage(name: str, env: dict[str, str], workdir: str) -> StageProcess:
-    port = standin.free_port()
-    log_path = os.path.join(workdir, f"{name}.log")
-    full_env = {
-        **os.environ,
-        **standin.FAKE_CREDENTIALS,
-        **env,
-        "SQSINFER_HEALTH_PORT": str(port),
-        "SQSINFER_HEALTH_HOST": "127.0.0.1",
-        "SQSINFER_LOG_FORMAT": "json",
-        "SQSINFER_WORKER_ID": f"demo-{name}",
-    }
-    return StageProcess(name, _spawn_worker(full_env, log_path), port, log_path, full_env)
-
-
-def _spawn_worker(env: dict[str, str], log_path: str) -> subprocess.Popen[bytes]:
-    with open(log_path, "ab") as log_file:
-        return subprocess.Popen(
-            [sys.executable, "-m", "sqsinfer", "worker"], env=env, stderr=log_file, stdout=log_file
-        )
-
-
-def _stage_env(
-    plan: Plan, endpoint: str, workdir: str, processes: int
-) -> dict[str, dict[str, str]]:
-    model1 = synthetic.train_model(os.path.join(workdir, "stage1.ubj"), STAGE1_FEATURES, seed=11)
-    model2 = synthetic.train_model(os.path.join(workdir, "stage2.json"), 1, trees=8, seed=12)
-    common = {
-        "SQSINFER_ENDPOINT_URL": endpoint,
+def _settings(plan: Plan, endpoint: str, processes: int) -> dict[str, dict[str, str]]:
+    common = stage.SHORT_DRAIN | {
         "SQSINFER_PROCESSES": str(processes),
         "SQSINFER_WAIT_TIME_S": "2",
         "SQSINFER_RETRY_BASE_S": "1",
-        "SQSINFER_TASK_TIME_S": "10",
-        "SQSINFER_DRAIN_DEADLINE_S": "10",
     }
+    chain = stage.chain_settings(endpoint, plan.queues, plan.models, BUCKET)
     return {
-        "stage1": common
-        | {
-            "SQSINFER_QUEUE_URL": plan.queues["stage1"],
-            "SQSINFER_NEXT_QUEUE_URL": plan.queues["stage2"],
-            "SQSINFER_MODEL_PATH": model1,
-            "SQSINFER_ALLOWED_INPUT_PREFIXES": f"s3://{BUCKET}/in/",
-            "SQSINFER_OUTPUT_PREFIX": f"s3://{BUCKET}/stage1/",
-        },
-        "stage2": common
-        | {
-            "SQSINFER_QUEUE_URL": plan.queues["stage2"],
-            "SQSINFER_MODEL_PATH": model2,
-            "SQSINFER_ALLOWED_INPUT_PREFIXES": f"s3://{BUCKET}/stage1/",
-            "SQSINFER_OUTPUT_PREFIX": f"s3://{BUCKET}/stage2/",
-            "SQSINFER_OUTPUT_FORMAT": "json",
-        },
+        "stage1": common | chain["stage1"],
+        "stage2": common | chain["stage2"] | {"SQSINFER_OUTPUT_FORMAT": "json"},
     }
 
 
-def wait_ready(stages: list[StageProcess], timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    for stage in stages:
-        while not stage.ready():
-            if stage.process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{stage.name} worker did not start; see {stage.log_path}")
-            time.sleep(0.1)
+def _train(workdir: str) -> dict[str, str]:
+    return {
+        "stage1": synthetic.train_model(
+            os.path.join(workdir, "stage1.ubj"), STAGE1_FEATURES, seed=11
+        ),
+        "stage2": synthetic.train_model(os.path.join(workdir, "stage2.json"), 1, trees=8, seed=12),
+    }
 
 
-def queue_depth(sqs: Any, url: str) -> int:
-    attrs = sqs.get_queue_attributes(
-        QueueUrl=url,
-        AttributeNames=[
-            "ApproximateNumberOfMessages",
-            "ApproximateNumberOfMessagesNotVisible",
-            "ApproximateNumberOfMessagesDelayed",
-        ],
-    )["Attributes"]
-    return sum(int(v) for v in attrs.values())
+# -- while it runs ----------------------------------------------------------------------------
 
 
-def wait_for_drain(sqs: Any, plan: Plan, stages: list[StageProcess], timeout_s: float) -> bool:
+class Progress:
+    """Each stage's messages ended so far (committed, rejected) and its rate over the last
+    few seconds: a live view on a terminal (rich), a plain line every few seconds otherwise
+    (a log, CI)."""
+
+    def __init__(self, expected: dict[str, int]) -> None:
+        from rich.console import Console
+
+        self.expected = expected
+        self.started = time.monotonic()
+        self.history: collections.deque[tuple[float, dict[str, int]]] = collections.deque()
+        self.live: Any = None
+        self.printed_at = 0.0
+        if Console().is_terminal:
+            self.live = self._bars()
+
+    def _bars(self) -> Any:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+        bars = Progress(
+            TextColumn("  {task.description:<7}"),
+            BarColumn(bar_width=24),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[counts]}"),
+        )
+        for name, total in self.expected.items():
+            bars.add_task(name, total=total, counts="")
+        bars.start()
+        return bars
+
+    def _rates(self, ended: dict[str, int]) -> dict[str, str]:
+        now = time.monotonic()
+        self.history.append((now, ended))
+        while now - self.history[0][0] > _RATE_WINDOW_S:
+            self.history.popleft()
+        then, before = self.history[0]
+        if now - then < 1.0:
+            return dict.fromkeys(ended, "…")
+        return {k: f"{(ended[k] - before[k]) / (now - then):.1f}/s" for k in ended}
+
+    def update(self, outcomes: dict[str, dict[str, float]]) -> None:
+        ended = {k: int(sum(c.get(o, 0) for o in FINAL)) for k, c in outcomes.items()}
+        rates = self._rates(ended)
+        parts = []
+        for index, (name, counts) in enumerate(outcomes.items()):
+            text = (
+                f"{int(counts.get('committed', 0))} committed, "
+                f"{int(counts.get('rejected', 0))} rejected, {rates[name]}"
+            )
+            if self.live is not None:
+                self.live.update(self.live.task_ids[index], completed=ended[name], counts=text)
+            parts.append(f"{name} {ended[name]}/{self.expected[name]} ({text})")
+        if self.live is None and time.monotonic() - self.printed_at >= _PLAIN_EVERY_S:
+            self.printed_at = time.monotonic()
+            elapsed = time.monotonic() - self.started
+            print(f"  {elapsed:4.0f} s  " + "  ".join(parts), flush=True)
+
+    def close(self) -> None:
+        if self.live is not None:
+            self.live.stop()
+
+
+def wait_for_drain(
+    sqs: Any,
+    plan: Plan,
+    workers: list[stage.WorkerProcess],
+    timeout_s: float,
+    progress: Progress,
+) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        for stage in stages:
-            if stage.process.poll() is not None:
-                raise RuntimeError(f"{stage.name} worker exited early; see {stage.log_path}")
-        expected = len(plan.valid) + len(plan.bad)
-        done1 = sum(stages[0].metrics().values())
-        if done1 >= expected and all(
-            queue_depth(sqs, plan.queues[q]) == 0 for q in ("stage1", "stage2")
+        for worker in workers:
+            if worker.process.poll() is not None:
+                raise RuntimeError(f"{worker.name} worker exited early; see {worker.log_path}")
+        outcomes = {w.name: w.outcomes() for w in workers}
+        progress.update(outcomes)
+        if sum(outcomes["stage1"].values()) >= plan.expected()["stage1"] and all(
+            stage.queue_depth(sqs, plan.queues[q]) == 0 for q in ("stage1", "stage2")
         ):
             return True
         time.sleep(0.5)
     return False
 
 
-def stop_stages(stages: list[StageProcess]) -> list[int]:
-    for stage in stages:
-        stage.process.send_signal(signal.SIGTERM)
-    return [stage.process.wait(timeout=60) for stage in stages]
+# -- the check --------------------------------------------------------------------------------
 
 
-def predictor(model_path: str) -> XGBoostHandler:
-    handler = XGBoostHandler()
-    handler.load(model_path, 1)
-    return handler
-
-
-def read_objects(s3: Any, prefix: str, bucket: str = BUCKET) -> dict[str, bytes]:
-    found = {}
-    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-        for item in page.get("Contents", []):
-            found[item["Key"]] = b""
-    with ThreadPoolExecutor(8) as pool:
-        bodies = pool.map(lambda k: s3.get_object(Bucket=bucket, Key=k)["Body"].read(), found)
-        return dict(zip(found, bodies, strict=True))
-
-
-def check_stage(
-    objects: dict[str, bytes], expected: dict[str, np.ndarray], fmt: str
-) -> tuple[list[str], dict[str, np.ndarray]]:
-    """Compare outputs with expected predictions; return problems and the decoded outputs."""
-    problems, decoded = [], {}
-    outputs = {k: v for k, v in objects.items() if not k.endswith(".chain")}
-    missing = sorted(set(expected) - set(outputs))
-    extra = sorted(set(outputs) - set(expected))
-    problems += [f"missing output {k}" for k in missing[:5]] + [
-        f"unexpected {k}" for k in extra[:5]
-    ]
-    for key, want in expected.items():
-        if key in outputs:
-            decoded[key] = synthetic.decode_output(outputs[key], fmt)
-            if not np.allclose(decoded[key], want.reshape(decoded[key].shape), rtol=1e-5):
-                problems.append(f"wrong prediction in {key}")
-    return problems, decoded
-
-
-def check(endpoint: str, plan: Plan, workdir: str) -> tuple[list[str], dict[str, Any]]:
-    s3, sqs = clients(endpoint)
-    model1 = predictor(os.path.join(workdir, "stage1.ubj"))
-    model2 = predictor(os.path.join(workdir, "stage2.json"))
+def check(endpoint: str, plan: Plan) -> tuple[list[str], dict[str, Any]]:
+    s3, sqs = standin.clients(endpoint)
+    model1 = synthetic.predictor(plan.models["stage1"])
+    model2 = synthetic.predictor(plan.models["stage2"])
     expected1 = {f"stage1/{t}.npy": model1.predict(rows) for t, rows in plan.valid.items()}
-    stage1 = read_objects(s3, "stage1/")
-    problems, decoded1 = check_stage(stage1, expected1, "npy")
+    stage1 = stage.read_objects(s3, BUCKET, "stage1/")
+    problems, decoded1 = stage.check_stage(stage1, expected1, "npy")
     markers = sum(1 for k in stage1 if k.endswith(".chain"))
     if markers != len(plan.valid):
         problems.append(f"{markers} chain markers for {len(plan.valid)} tasks")
@@ -318,43 +234,24 @@ def check(endpoint: str, plan: Plan, workdir: str) -> tuple[list[str], dict[str,
         f"stage2/{k[len('stage1/') : -len('.npy')]}.json": model2.predict(v.reshape(-1, 1))
         for k, v in decoded1.items()
     }
-    more, _ = check_stage(read_objects(s3, "stage2/"), expected2, "json")
+    more, _ = stage.check_stage(stage.read_objects(s3, BUCKET, "stage2/"), expected2, "json")
     problems += more
-    dead = dead_letters(sqs, plan.queues["stage1-dlq"])
+    dead = stage.dead_letters(sqs, plan.queues["stage1-dlq"])
     if dead != plan.bad:
         problems.append(f"DLQ holds {dead}, expected {plan.bad}")
-    if dead_letters(sqs, plan.queues["stage2-dlq"]):
+    if stage.dead_letters(sqs, plan.queues["stage2-dlq"]):
         problems.append("stage 2 DLQ is not empty")
     facts = {"outputs": [len(decoded1), len(expected2)], "dead_letters": dead}
     return problems, facts
 
 
-def dead_letters(sqs: Any, url: str) -> dict[str, str]:
-    return {body: reason or "(no reason)" for body, reason in dead_letter_entries(sqs, url)}
-
-
-def dead_letter_entries(sqs: Any, url: str) -> list[tuple[str, str]]:
-    """Every message on a DLQ as (body, reason), one per copy; '' when it has no reason."""
-    found: list[tuple[str, str]] = []
-    while True:
-        got = sqs.receive_message(
-            QueueUrl=url, MaxNumberOfMessages=10, MessageAttributeNames=["All"], WaitTimeSeconds=0
-        ).get("Messages", [])
-        if not got:
-            return found
-        for message in got:
-            reason = message.get("MessageAttributes", {}).get(REASON_ATTR, {})
-            found.append((message["Body"], str(reason.get("StringValue", ""))))
-
-
 def print_summary(
     plan: Plan, outcomes: dict[str, dict[str, float]], elapsed_s: float, problems: list[str]
 ) -> None:
-    names = ("committed", "duplicate", "rejected", "retried", "released")
     print()
-    print(f"{'stage':<8}" + "".join(f"{n:>11}" for n in names))
-    for stage, counts in outcomes.items():
-        print(f"{stage:<8}" + "".join(f"{int(counts.get(n, 0)):>11}" for n in names))
+    print(f"{'stage':<8}" + "".join(f"{n:>11}" for n in OUTCOMES))
+    for name, counts in outcomes.items():
+        print(f"{name:<8}" + "".join(f"{int(counts.get(n, 0)):>11}" for n in OUTCOMES))
     tasks = len(plan.valid)
     print(
         f"\n{tasks} valid tasks, {len(plan.bad)} bad messages, two stages: "
@@ -373,30 +270,112 @@ def print_summary(
         )
 
 
+# -- what next --------------------------------------------------------------------------------
+
+
+def own_command() -> str:
+    """How to call `sqsinfer` from here: the bare name if PATH finds this installation's,
+    else its path (after `make demo`: .venv/bin/sqsinfer)."""
+    mine = os.path.join(os.path.dirname(sys.executable), "sqsinfer")
+    if not os.path.exists(mine) or shutil.which("sqsinfer") == mine:
+        return "sqsinfer"
+    relative = os.path.relpath(mine)
+    return relative if not relative.startswith("..") else mine
+
+
+def next_step_lines(endpoint: str, plan: Plan) -> list[str]:
+    """The environment and commands that point the operator tools and a worker at the
+    stand-in the demo leaves running."""
+    cmd, q = own_command(), plan.queues
+    creds = " ".join(f"{k}={v}" for k, v in standin.FAKE_CREDENTIALS.items())
+    return [
+        "The stand-in stays up with the demo's queues, dead-letter queues and outputs until "
+        "Ctrl-C. In another shell:",
+        "",
+        f"  export SQSINFER_ENDPOINT_URL={endpoint}",
+        f"  export {creds}",
+        f"  export STAGE1={q['stage1']} STAGE2={q['stage2']}",
+        "",
+        f"  {cmd} status --queue-url $STAGE1 --queue-url $STAGE2   # depths, DLQs under them",
+        f"  {cmd} redrive --queue-url $STAGE1 --dry-run            # dead letters by reason",
+        f"  {cmd} worker --queue-url $STAGE1 --next-queue-url $STAGE2 \\",
+        f"      --model-path {shlex.quote(plan.models['stage1'])} \\",
+        f"      --allowed-input-prefixes s3://{BUCKET}/in/ --output-prefix s3://{BUCKET}/stage1/",
+        "",
+        f"Outputs are under s3://{BUCKET}/stage1/ and s3://{BUCKET}/stage2/.",
+    ]
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _keep_until_interrupted(endpoint: str, plan: Plan) -> None:
+    # Ctrl-C or SIGTERM: either unwinds through the stand-in's and the workdir's clean-up
+    # (SIGINT too is set, since a shell that starts a job in the background ignores it).
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _interrupt)
+    print("\n" + "\n".join(next_step_lines(endpoint, plan)), flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        print("\nstand-in stopped", flush=True)
+
+
+def _suggest_keep() -> None:
+    print(
+        f"\nnext: `{own_command()} demo --keep` runs it again, then leaves the stand-in up\n"
+        "with the environment to point `sqsinfer status`, `redrive` and a worker at its\n"
+        "queues, dead letters and outputs (from make: make demo DEMO_ARGS=--keep)."
+    )
+
+
+# -- the command ------------------------------------------------------------------------------
+
+
+def _run(args: argparse.Namespace, moto: standin.MotoServer, workdir: str) -> int:
+    print(f"moto server on {moto.url}; preparing {args.tasks} tasks ...", flush=True)
+    plan = prepare(moto.url, args.tasks, args.rows)
+    plan.models = _train(workdir)
+    workers = [
+        stage.start_worker(name, settings, workdir)
+        for name, settings in _settings(plan, moto.url, args.processes).items()
+    ]
+    try:
+        stage.wait_ready(workers)
+        print("both workers ready; each stage's messages as they end:", flush=True)
+        progress = Progress(plan.expected())
+        started = time.monotonic()
+        try:
+            sqs = standin.clients(moto.url)[1]
+            drained = wait_for_drain(sqs, plan, workers, args.timeout_s, progress)
+            elapsed = time.monotonic() - started
+            outcomes = {w.name: w.outcomes() for w in workers}
+            progress.update(outcomes)
+        finally:
+            progress.close()
+    finally:
+        codes = stage.stop_workers(workers)
+    problems, _ = check(moto.url, plan)
+    if not drained:
+        problems.insert(0, f"queues did not drain within {args.timeout_s} s")
+    exits = zip(workers, codes, strict=True)
+    problems += [f"{w.name} worker exited with {code}" for w, code in exits if code]
+    print_summary(plan, outcomes, elapsed, problems)
+    if problems:
+        for worker in workers:
+            print(f"\n--- last lines of {worker.name} log ---\n{worker.tail_text(15)}")
+    if args.keep:
+        _keep_until_interrupted(moto.url, plan)
+    elif not problems:
+        _suggest_keep()
+    return 1 if problems else 0
+
+
 def main(args: argparse.Namespace) -> int:
+    if not standin.has_local_extra("demo"):
+        return 2
     standin.use_fake_credentials()
     with tempfile.TemporaryDirectory() as workdir, standin.moto_server() as moto:
-        print(f"moto server on {moto.url}; preparing {args.tasks} tasks ...", flush=True)
-        plan = prepare(moto.url, args.tasks, args.rows)
-        envs = _stage_env(plan, moto.url, workdir, args.processes)
-        stages = [start_stage(name, env, workdir) for name, env in envs.items()]
-        try:
-            wait_ready(stages)
-            started = time.monotonic()
-            drained = wait_for_drain(clients(moto.url)[1], plan, stages, args.timeout_s)
-            elapsed = time.monotonic() - started
-            outcomes = {s.name: s.metrics() for s in stages}
-        finally:
-            codes = stop_stages(stages)
-        problems, _ = check(moto.url, plan, workdir)
-        if not drained:
-            problems.insert(0, f"queues did not drain within {args.timeout_s} s")
-        exits = zip(stages, codes, strict=True)
-        problems += [f"{s.name} worker exited with {code}" for s, code in exits if code]
-        print_summary(plan, outcomes, elapsed, problems)
-        if problems:
-            for stage in stages:
-                print(f"\n--- last lines of {stage.name} log ---")
-                with open(stage.log_path) as fh:
-                    print("".join(fh.readlines()[-15:]))
-        return 1 if problems else 0
+        return _run(args, moto, workdir)

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import io
+from typing import TYPE_CHECKING
 
 import numpy as np
 import orjson
+
+if TYPE_CHECKING:
+    from sqsinfer.handlers.xgboost_impl import XGBoostHandler
 
 
 def train_model(
@@ -53,6 +57,16 @@ def decode_output(data: bytes, fmt: str) -> np.ndarray:
         return np.asarray(orjson.loads(data), dtype=np.float32)
     array: np.ndarray = np.load(io.BytesIO(data), allow_pickle=False)
     return array
+
+
+def predictor(model_path: str) -> XGBoostHandler:
+    """The model as the worker's default handler loads it, for direct predictions to check
+    outputs against."""
+    from sqsinfer.handlers.xgboost_impl import XGBoostHandler
+
+    handler = XGBoostHandler()
+    handler.load(model_path, 1)
+    return handler
 
 
 def onnx_linear_model(path: str, n_features: int, n_outputs: int = 1, *, seed: int = 0) -> str:
