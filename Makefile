@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-fast lint types docs docs-settings pytest bench clean
+.PHONY: demo test test-fast test-floors lint types docs docs-settings pytest bench clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
@@ -18,12 +18,13 @@ demo: $(BIN)/.installed
 	$(BIN)/sqsinfer demo
 
 lint: $(BIN)/.installed
-	$(BIN)/ruff check app tests examples
-	$(BIN)/ruff format --check app tests examples
+	$(BIN)/ruff check app tests examples scripts
+	$(BIN)/ruff format --check app tests examples scripts
 	$(BIN)/lint-imports
 
 types: $(BIN)/.installed
 	$(BIN)/mypy
+	$(BIN)/mypy --strict scripts
 
 pytest: $(BIN)/.installed
 	$(BIN)/python -m pytest -q -p no:cacheprovider
@@ -42,5 +43,18 @@ test: lint types docs pytest
 test-fast: $(BIN)/.installed
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit tests/worker
 
+# The declared dependency floors really work: a separate venv holding the lowest version of
+# every direct dependency (uv's lowest-direct resolution), checked to be the declared
+# floors, then the tests that exercise the dependencies (not ops and lab: slow, and they
+# use nothing the worker does not).
+FLOORS_VENV ?= .venv-floors
+test-floors: $(BIN)/.installed
+	rm -rf $(FLOORS_VENV)
+	$(BIN)/uv venv --quiet --python $(PYTHON) $(FLOORS_VENV)
+	$(BIN)/uv pip install --quiet --python $(FLOORS_VENV)/bin/python \
+		--resolution lowest-direct -e '.[dev]'
+	$(FLOORS_VENV)/bin/python scripts/check_floors.py --extras dev
+	$(FLOORS_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/unit tests/worker tests/deploy
+
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(FLOORS_VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -24,12 +24,14 @@ import threading
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import psutil
 
 from sqsinfer.lab import demo, standin, synthetic
+
+if TYPE_CHECKING:  # imported where used: the CLI builds this parser in every install
+    import psutil
 
 BUCKET = "sqsinfer-chaos"
 FEATURES = 6
@@ -177,6 +179,8 @@ def _worker_env(
 
 
 def _pool_children(process: subprocess.Popen[bytes]) -> list[psutil.Process]:
+    import psutil  # the [local] extra
+
     try:
         children = psutil.Process(process.pid).children()
     except psutil.NoSuchProcess:
@@ -186,6 +190,8 @@ def _pool_children(process: subprocess.Popen[bytes]) -> list[psutil.Process]:
 
 def _computing(process: psutil.Process) -> bool:
     """Seen on a CPU twice a millisecond apart: most likely inside a prediction."""
+    import psutil
+
     try:
         if process.status() != psutil.STATUS_RUNNING:
             return False
@@ -196,6 +202,8 @@ def _computing(process: psutil.Process) -> bool:
 
 
 def _cmdline(process: psutil.Process) -> list[str]:
+    import psutil
+
     try:
         return [str(part) for part in process.cmdline()]
     except psutil.Error:
