@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-fast test-floors lint types docs docs-settings pytest bench clean
+.PHONY: demo test test-fast test-floors lint types docs docs-settings chart-readme release pytest bench clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
@@ -36,6 +36,10 @@ docs: $(BIN)/.installed
 # docs/settings.md is generated from the Settings dataclass (a test checks it is current).
 docs-settings: $(BIN)/.installed
 	$(BIN)/python -c 'from sqsinfer import config; print(config.reference_markdown(), end="")' > docs/settings.md
+
+# helm/sqsinfer/README.md is generated from the values' comments (a test checks it is current).
+chart-readme: $(BIN)/.installed
+	$(BIN)/python scripts/chart_readme.py
 
 test: lint types docs pytest
 
