@@ -60,5 +60,10 @@ test-floors: $(BIN)/.installed
 	$(FLOORS_VENV)/bin/python scripts/check_floors.py --extras dev
 	$(FLOORS_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/unit tests/worker tests/deploy
 
+# The release artefacts of sqsinfer.__version__ into dist/: wheel, sdist, chart package,
+# lint of each, and dist/docker-build.sh for the image.
+release: $(BIN)/.installed
+	$(BIN)/python scripts/release.py
+
 clean:
 	rm -rf $(VENV) $(FLOORS_VENV) .mypy_cache .ruff_cache .pytest_cache
