@@ -25,6 +25,10 @@ PACKAGE = ROOT / "app" / "sqsinfer"
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 TOOLING_WINGS = ("bench", "lab")  # the core never imports these (nor what only they need)
 TOOLING_ONLY = {"psutil", "moto"}  # what the [local] extra brings (moto runs as a server)
+# Extras of features the worker loads when configured to (SQSINFER_HANDLER=onnx, .parquet):
+# the core may import them, where the feature is used, never at start-up.
+FEATURE_EXTRAS = ("onnx", "parquet")
+FEATURE_MODULES = {"onnxruntime", "pyarrow"}
 
 
 def _modules(*, tooling: bool) -> list[Path]:
@@ -58,19 +62,21 @@ def _declared(*extras: str) -> set[str]:
     return {canonicalize_name(r.name) for r in reqs}
 
 
-def test_the_core_imports_only_runtime_dependencies() -> None:
+def test_the_core_imports_only_runtime_and_feature_dependencies() -> None:
     imported = set().union(*(_third_party_imports(p) for p in _modules(tooling=False)))
     assert imported, "no imports found: the scan is broken"
     assert not imported & TOOLING_ONLY
+    declared = _declared(*FEATURE_EXTRAS)
     by_dist = _distributions(imported)
-    undeclared = {name: dist for name, dist in by_dist.items() if dist not in _declared()}
-    assert undeclared == {}, "imported by the worker but not in [project].dependencies"
+    undeclared = {name: dist for name, dist in by_dist.items() if dist not in declared}
+    assert undeclared == {}, "imported by the worker but not declared"
+    assert "onnxruntime" in imported  # the scan sees the lazy imports too
 
 
-def test_the_tooling_imports_only_what_its_extras_declare() -> None:
+def test_the_tooling_imports_only_what_the_extras_declare() -> None:
     imported = set().union(*(_third_party_imports(p) for p in _modules(tooling=True)))
     assert "psutil" in imported
-    declared = _declared("local", "plot")
+    declared = _declared("dev", "plot")  # dev: the tests' own (onnx builds test models)
     undeclared = {n: d for n, d in _distributions(imported).items() if d not in declared}
     assert undeclared == {}
 
@@ -98,10 +104,11 @@ def test_floors_that_were_found_too_low(name: str, low: str) -> None:
 
 
 def test_the_worker_command_runs_without_the_tooling_packages() -> None:
-    """As in the image: psutil and moto absent, the CLI still builds and starts the worker."""
+    """As in the image, no extras: the CLI still builds and every core module imports."""
+    absent = sorted(TOOLING_ONLY | FEATURE_MODULES | {"matplotlib"})
     code = (
         "import sys\n"
-        "for name in ('psutil', 'moto'): sys.modules[name] = None  # import fails\n"
+        f"for name in {absent!r}: sys.modules[name] = None  # import fails\n"
         "import importlib, pkgutil, sqsinfer\n"
         "for m in pkgutil.walk_packages(sqsinfer.__path__, 'sqsinfer.'):\n"
         "    if m.name.split('.')[1] not in ('bench', 'lab', '__main__'):\n"
