@@ -54,7 +54,7 @@ test-fast: $(BIN)/.installed
 FLOORS_VENV ?= .venv-floors
 test-floors: $(BIN)/.installed
 	rm -rf $(FLOORS_VENV)
-	$(BIN)/uv venv --quiet --python $(PYTHON) $(FLOORS_VENV)
+	$(BIN)/uv venv --quiet --seed --python $(PYTHON) $(FLOORS_VENV)  # --seed: pip, which tests use
 	$(BIN)/uv pip install --quiet --python $(FLOORS_VENV)/bin/python \
 		--resolution lowest-direct -e '.[dev]'
 	$(FLOORS_VENV)/bin/python scripts/check_floors.py --extras dev
