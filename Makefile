@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 DEMO_ARGS ?=
 
-.PHONY: demo test test-fast lint types docs docs-settings pytest bench clean
+.PHONY: demo test test-fast test-floors lint types docs docs-settings chart-readme release pytest bench clean
 
 # One venv in two layers. `make demo` installs the runtime and the lean local stand-in
 # (.[local], about 410 MB); `make test` adds the dev tools (.[dev]) on top. One venv, so
@@ -27,12 +27,13 @@ demo: $(BIN)/.installed-local
 	$(BIN)/sqsinfer demo $(DEMO_ARGS)
 
 lint: $(BIN)/.installed
-	$(BIN)/ruff check app tests examples
-	$(BIN)/ruff format --check app tests examples
+	$(BIN)/ruff check app tests examples scripts
+	$(BIN)/ruff format --check app tests examples scripts
 	$(BIN)/lint-imports
 
 types: $(BIN)/.installed
 	$(BIN)/mypy
+	$(BIN)/mypy --strict scripts
 
 pytest: $(BIN)/.installed
 	$(BIN)/python -m pytest -q -p no:cacheprovider
@@ -45,11 +46,33 @@ docs: $(BIN)/.installed
 docs-settings: $(BIN)/.installed
 	$(BIN)/python -c 'from sqsinfer import config; print(config.reference_markdown(), end="")' > docs/settings.md
 
+# helm/sqsinfer/README.md is generated from the values' comments (a test checks it is current).
+chart-readme: $(BIN)/.installed
+	$(BIN)/python scripts/chart_readme.py
+
 test: lint types docs pytest
 
 # The inner loop: unit tests and the worker against moto, without ops, deploy and lab.
 test-fast: $(BIN)/.installed
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit tests/worker
 
+# The declared dependency floors really work: a separate venv holding the lowest version of
+# every direct dependency (uv's lowest-direct resolution), checked to be the declared
+# floors, then the tests that exercise the dependencies (not ops and lab: slow, and they
+# use nothing the worker does not).
+FLOORS_VENV ?= .venv-floors
+test-floors: $(BIN)/.installed
+	rm -rf $(FLOORS_VENV)
+	$(BIN)/uv venv --quiet --seed --python $(PYTHON) $(FLOORS_VENV)  # --seed: pip, which tests use
+	$(BIN)/uv pip install --quiet --python $(FLOORS_VENV)/bin/python \
+		--resolution lowest-direct -e '.[dev]'
+	$(FLOORS_VENV)/bin/python scripts/check_floors.py --extras dev
+	$(FLOORS_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/unit tests/worker tests/deploy
+
+# The release artefacts of sqsinfer.__version__ into dist/: wheel, sdist, chart package,
+# lint of each, and dist/docker-build.sh for the image.
+release: $(BIN)/.installed
+	$(BIN)/python scripts/release.py
+
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(FLOORS_VENV) .mypy_cache .ruff_cache .pytest_cache

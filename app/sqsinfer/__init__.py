@@ -9,5 +9,5 @@ processes import this package and must stay light):
 from sqsinfer.errors import InputError, ModelLoadError
 from sqsinfer.handlers import Handler
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"  # the one version: pyproject, the chart and the image follow it
 __all__ = ["Handler", "InputError", "ModelLoadError", "__version__"]

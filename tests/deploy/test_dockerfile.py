@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+import sqsinfer
 from sqsinfer.config import ENV_NAMES, Settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -183,3 +185,62 @@ def test_build_context_sends_what_the_build_copies() -> None:
     for src in sources:
         assert src.rstrip("/") in allowed, src
     assert "models" in allowed  # where --build-arg MODEL_FILE=models/... comes from
+
+
+# -- Start-up without recompiling, and the version label --------------------------------
+def _compile_step() -> str:
+    (step,) = [args for args in args_of(runtime(), "RUN") if "compileall" in args]
+    return step
+
+
+def test_runtime_precompiles_the_standard_library_and_the_venv() -> None:
+    stage = runtime()
+    step = _compile_step()
+    copy_venv = stage.index(("COPY", "--from=builder /opt/venv /opt/venv"))
+    assert stage.index(("RUN", step)) > copy_venv  # compiles what the image will run
+    assert "--invalidation-mode unchecked-hash" in step
+    assert 'sysconfig.get_path("stdlib")' in step and step.endswith("/opt/venv/lib")
+
+
+def test_the_compile_step_writes_pyc_files_used_without_their_sources(tmp_path: Path) -> None:
+    """The step as written, on a copy: two folders stand in for the stdlib and the venv."""
+    stdlib_expr = re.search(r'"\$\(python -c .*\)"', _compile_step())
+    assert stdlib_expr is not None
+    found = subprocess.run(
+        ["sh", "-c", f"echo {stdlib_expr.group(0)}"],
+        env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert (Path(found) / "os.py").is_file()  # the expression names the standard library
+    stdlib, venv = tmp_path / "stdlib", tmp_path / "venv" / "lib"
+    for folder, name in ((stdlib, "std_mod"), (venv / "site-packages", "dep_mod")):
+        folder.mkdir(parents=True)
+        (folder / f"{name}.py").write_text("VALUE = 42\n")
+    step = _compile_step().replace(stdlib_expr.group(0), str(stdlib))
+    step = step.replace("/opt/venv/lib", str(venv)).replace("python ", f"{sys.executable} ", 1)
+    subprocess.run(["sh", "-c", step], check=True, timeout=120)
+    for folder, name in ((stdlib, "std_mod"), (venv / "site-packages", "dep_mod")):
+        (pyc,) = (folder / "__pycache__").glob(f"{name}.*.pyc")
+        flags = int.from_bytes(pyc.read_bytes()[4:8], "little")
+        assert flags == 0b01  # hash-based, source never checked (PEP 552)
+        (folder / f"{name}.py").write_text("VALUE = 'changed'\n")  # ignored: the .pyc is used
+        probe = f"import {name}; print({name}.VALUE)"
+        out = subprocess.run(
+            [sys.executable, "-B", "-c", probe],
+            env={"PYTHONPATH": str(folder)},
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert out.stdout.strip() == "42"
+
+
+def test_the_image_is_labelled_with_the_package_version() -> None:
+    top = instructions(DOCKERFILE.read_text())
+    version_arg = next(a for kw, a in top if kw == "ARG" and a.startswith("VERSION="))
+    assert version_arg == f"VERSION={sqsinfer.__version__}"
+    labels = " ".join(args_of(runtime(), "LABEL"))
+    assert 'org.opencontainers.image.version="${VERSION}"' in labels
+    assert "VERSION" in args_of(runtime(), "ARG")  # the global ARG reaches the stage

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
+import math
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,10 +23,12 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from helm_python import _native
 
 from sqsinfer import config
 from sqsinfer.config import ENV_NAMES, ENV_PREFIX, Settings
 from sqsinfer.health import HealthServer
+from tests.deploy import promql
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "sqsinfer"
@@ -43,6 +47,15 @@ BASE_KINDS = {
 }
 SETTING_NAMES = {f.name for f in dataclasses.fields(Settings)}
 MiB = 1 << 20
+# The custom resources a cluster with KEDA and the Prometheus Operator serves; the chart
+# checks for them (.Capabilities.APIVersions) before it renders their objects.
+KEDA_API = "keda.sh/v1alpha1/ScaledObject"
+MONITORING_APIS = (
+    "monitoring.coreos.com/v1/ServiceMonitor",
+    "monitoring.coreos.com/v1/PrometheusRule",
+)
+CLUSTER_APIS = (KEDA_API, *MONITORING_APIS)
+EXIT_MARGIN_S = 5  # what the chart adds to the worker's shutdown budget for process exit
 
 # -- Custom resources -------------------------------------------------------------------
 # ScaledObject, TriggerAuthentication (KEDA) and ServiceMonitor (Prometheus Operator) are
@@ -61,6 +74,44 @@ _SQS_METADATA = {
     },
     "additionalProperties": {"type": "string"},  # KEDA trigger metadata is map[string]string
 }
+_HPA_RULES = {  # autoscaling/v2 HPAScalingRules
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "stabilizationWindowSeconds": {"type": "integer", "minimum": 0, "maximum": 3600},
+        "selectPolicy": {"enum": ["Max", "Min", "Disabled"]},
+        "policies": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["type", "value", "periodSeconds"],
+                "additionalProperties": False,
+                "properties": {
+                    "type": {"enum": ["Pods", "Percent"]},
+                    "value": {"type": "integer", "minimum": 1},
+                    "periodSeconds": {"type": "integer", "minimum": 1, "maximum": 1800},
+                },
+            },
+        },
+    },
+}
+_HPA_BEHAVIOR = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {"scaleUp": _HPA_RULES, "scaleDown": _HPA_RULES},
+}
+_ALERT_RULE = {
+    "type": "object",
+    "required": ["alert", "expr"],
+    "additionalProperties": False,
+    "properties": {
+        "alert": {"type": "string", "pattern": "^[A-Za-z]+$"},
+        "expr": {"type": "string"},
+        "for": {"type": "string", "pattern": "^[0-9]+[smhdwy]$"},
+        "labels": _STRING_MAP,
+        "annotations": _STRING_MAP,
+    },
+}
 CRD_SCHEMAS: dict[tuple[str, str], dict[str, Any]] = {
     ("keda.sh/v1alpha1", "ScaledObject"): {
         "type": "object",
@@ -73,11 +124,31 @@ CRD_SCHEMAS: dict[tuple[str, str], dict[str, Any]] = {
                 "additionalProperties": False,
                 "properties": {
                     "scaleTargetRef": {"type": "object", "required": ["name"]},
+                    "fallback": {
+                        "type": "object",
+                        "required": ["failureThreshold", "replicas"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "failureThreshold": {"type": "integer", "minimum": 1},
+                            "replicas": {"type": "integer", "minimum": 0},
+                            "behavior": {"type": "string"},
+                        },
+                    },
                     "pollingInterval": {"type": "integer", "minimum": 1},
                     "cooldownPeriod": {"type": "integer", "minimum": 0},
                     "minReplicaCount": {"type": "integer", "minimum": 0},
                     "maxReplicaCount": {"type": "integer", "minimum": 1},
-                    "advanced": {"type": "object"},
+                    "advanced": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "properties": {
+                            "horizontalPodAutoscalerConfig": {
+                                "type": "object",
+                                "additionalProperties": False,
+                                "properties": {"behavior": _HPA_BEHAVIOR},
+                            }
+                        },
+                    },
                     "triggers": {
                         "type": "array",
                         "minItems": 1,
@@ -142,6 +213,33 @@ CRD_SCHEMAS: dict[tuple[str, str], dict[str, Any]] = {
             },
         },
     },
+    ("monitoring.coreos.com/v1", "PrometheusRule"): {
+        "type": "object",
+        "required": ["metadata", "spec"],
+        "properties": {
+            "metadata": _META,
+            "spec": {
+                "type": "object",
+                "required": ["groups"],
+                "additionalProperties": False,
+                "properties": {
+                    "groups": {
+                        "type": "array",
+                        "minItems": 1,
+                        "items": {
+                            "type": "object",
+                            "required": ["name", "rules"],
+                            "additionalProperties": False,
+                            "properties": {
+                                "name": {"type": "string", "minLength": 1},
+                                "rules": {"type": "array", "items": _ALERT_RULE},
+                            },
+                        },
+                    }
+                },
+            },
+        },
+    },
 }
 
 
@@ -174,9 +272,24 @@ def chart() -> Iterator[helm.Chart]:
 
 
 def render(
-    chart: helm.Chart, values: dict[str, Any] | None = None, name: str = "stage1"
+    chart: helm.Chart,
+    values: dict[str, Any] | None = None,
+    name: str = "stage1",
+    api_versions: tuple[str, ...] = CLUSTER_APIS,
 ) -> Rendered:
-    out = chart.render(values, name=name, namespace=NAMESPACE)
+    """Render as `helm template --api-versions ...` does, for a cluster serving `api_versions`.
+
+    `Chart.render` does not take API versions (helm-python-sdk 0.2), but the engine it calls
+    does: its options are the same JSON object with `api_versions` added.
+    """
+    options = {"name": name, "namespace": NAMESPACE, "api_versions": list(api_versions)}
+    raw = _native.call_string(
+        "helm_render",
+        chart._raw(),
+        None if values is None else json.dumps(values),
+        json.dumps(options),
+    )
+    out: dict[str, str] = json.loads(raw)
     docs = [
         doc
         for path, text in sorted(out.items())
@@ -269,9 +382,8 @@ def test_values_and_schema_cover_every_setting() -> None:
 
 
 def test_chart_defaults_equal_worker_defaults() -> None:
-    """Settings the chart sets by default keep the worker's default, but three on purpose."""
-    # The chart states the drain (the worker derives it) so that its grace check has a number.
-    on_purpose = {"model_path": "/models/model.ubj", "log_format": "json", "drain_deadline_s": 70}
+    """Settings the chart sets by default keep the worker's default, but two on purpose."""
+    on_purpose = {"model_path": "/models/model.ubj", "log_format": "json"}
     defaults = {f.name: f.default for f in dataclasses.fields(Settings)}
     for name, value in chart_defaults()["worker"].items():
         if value in ("", None, []):
@@ -411,37 +523,102 @@ def test_startup_probe_covers_model_load(chart: helm.Chart) -> None:
 
 
 # -- Shutdown ---------------------------------------------------------------------------
+def pod_spec(rendered: Rendered) -> dict[str, Any]:
+    spec: dict[str, Any] = rendered.one("Deployment")["spec"]["template"]["spec"]
+    return spec
+
+
+def shutdown_settings(env: dict[str, str], tmp_path: Path) -> Settings:
+    """The worker's settings from a rendered environment, required settings filled in."""
+    model = tmp_path / "model.ubj"
+    model.write_bytes(b"{}")
+    required = {
+        "SQSINFER_QUEUE_URL": "https://sqs.eu-west-1.amazonaws.com/123456789012/q",
+        "SQSINFER_ALLOWED_INPUT_PREFIXES": "s3://in-bucket/",
+        "SQSINFER_OUTPUT_PREFIX": "s3://out-bucket/",
+    }
+    return worker_settings(required | env, model)
+
+
+def least_grace(drain_s: float) -> int:
+    """What the worker needs from SIGTERM to exit, by its own numbers, plus the exit margin."""
+    budget = Settings(drain_deadline_s=drain_s).shutdown_budget_s
+    return math.ceil(budget) + EXIT_MARGIN_S
+
+
 @pytest.mark.parametrize(
-    ("grace", "drain", "ok"),
+    ("task", "drain", "grace"),
     [
-        (45, 25, True),
-        (30, 25, True),
-        (29, 25, False),
-        (25, 25, False),
-        (20, 25, False),
-        (60, 40, True),
-        (45, 40.5, False),
-        (46, 40.5, True),
+        (None, None, 90),  # the worker's 60 s tasks: drain 70 s + 10 + 5 + 5
+        (15, None, 45),  # drain 25 s
+        (30, None, 60),
+        (20.5, None, 51),  # drain 30.5 s: the budget rounds up
+        (None, 100, 120),  # an explicit drain above the derived one
+        (30, 0, 60),  # 0 means derived, as for the worker
     ],
 )
-def test_grace_period_must_exceed_drain_deadline(
+def test_grace_period_is_derived_as_the_worker_derives_its_shutdown(
+    chart: helm.Chart, task: float | None, drain: float | None, grace: int, tmp_path: Path
+) -> None:
+    rendered = render(chart, {"worker": {"task_time_s": task, "drain_deadline_s": drain}})
+    assert pod_spec(rendered)["terminationGracePeriodSeconds"] == grace
+    env = rendered.env()
+    assert ("SQSINFER_DRAIN_DEADLINE_S" in env) == (drain is not None)  # 0 and unset: derived
+    settings = shutdown_settings(env, tmp_path)
+    assert grace == least_grace(settings.drain_deadline_s)
+    assert f"drain {settings.drain_deadline_s:g} s within a grace period of {grace} s" in (
+        rendered.notes.replace(".0 s", " s")
+    )
+
+
+@pytest.mark.parametrize(
+    ("grace", "drain", "ok"),
+    [(45, 25, True), (46, 25, True), (44, 25, False), (30, 25, False), (61, 40.5, True)],
+)
+def test_a_grace_period_set_too_short_fails_naming_both_values(
     chart: helm.Chart, grace: int, drain: float, ok: bool
 ) -> None:
-    values = {"terminationGracePeriodSeconds": grace, "worker": {"drain_deadline_s": drain}}
+    worker = {"task_time_s": 15, "drain_deadline_s": drain}
+    values = {"terminationGracePeriodSeconds": grace, "worker": worker}
     if ok:
-        spec = render(chart, values).one("Deployment")["spec"]["template"]["spec"]
-        assert spec["terminationGracePeriodSeconds"] == grace
+        assert pod_spec(render(chart, values))["terminationGracePeriodSeconds"] == grace
+        assert grace >= least_grace(drain)
         return
-    with pytest.raises(helm.HelmRenderError, match="terminationGracePeriodSeconds"):
+    assert grace < least_grace(drain)
+    pattern = rf"terminationGracePeriodSeconds \({grace}\) must be at least {least_grace(drain)}"
+    with pytest.raises(helm.HelmRenderError, match=pattern) as error:
         render(chart, values)
+    assert f"worker.drain_deadline_s ({drain:g})" in str(error.value)
+
+
+def test_a_drain_shorter_than_the_task_time_fails(chart: helm.Chart, tmp_path: Path) -> None:
+    values = {"worker": {"task_time_s": 30, "drain_deadline_s": 20}}
+    with pytest.raises(helm.HelmRenderError, match=r"drain_deadline_s \(20\) must be at least"):
+        render(chart, values)
+    env = {"SQSINFER_TASK_TIME_S": "30", "SQSINFER_DRAIN_DEADLINE_S": "20"}
+    with pytest.raises(config.ConfigError, match="DRAIN_DEADLINE_S"):  # the worker agrees
+        shutdown_settings(env, tmp_path)
+
+
+def test_the_chart_holds_the_workers_shutdown_numbers() -> None:
+    helpers = (CHART / "templates" / "_helpers.tpl").read_text()
+    default_task = next(f.default for f in dataclasses.fields(Settings) if f.name == "task_time_s")
+    assert f"{{{{ {default_task:.1f} }}}}" in helpers  # the worker's default task time
+    assert 'addf (include "sqsinfer.taskTime" . | float64) 10.0' in helpers
+    assert config._DRAIN_MARGIN_S == 10.0
+    assert config.COMMIT_GRACE_S + config.FORCED_RELEASE_S == 15.0
+    assert 'addf (include "sqsinfer.drain" . | float64) 15.0' in helpers
 
 
 @pytest.mark.parametrize("stage", [None, *STAGES])
-def test_rendered_grace_exceeds_rendered_drain(chart: helm.Chart, stage: str | None) -> None:
+def test_rendered_grace_covers_the_workers_shutdown(
+    chart: helm.Chart, stage: str | None, tmp_path: Path
+) -> None:
     rendered = render(chart, example(stage) if stage else None)
-    spec = rendered.one("Deployment")["spec"]["template"]["spec"]
-    drain = float(rendered.env()["SQSINFER_DRAIN_DEADLINE_S"])
-    assert spec["terminationGracePeriodSeconds"] >= drain + 5
+    settings = shutdown_settings(rendered.env(), tmp_path)
+    grace = pod_spec(rendered)["terminationGracePeriodSeconds"]
+    assert grace >= settings.shutdown_budget_s + EXIT_MARGIN_S
+    assert settings.drain_deadline_s >= settings.task_time_s
 
 
 # -- Autoscaling ------------------------------------------------------------------------
@@ -471,7 +648,7 @@ def test_scaled_object_trigger(
         "queueLength": queue_length,
         "activationQueueLength": activation,
         "awsRegion": values["worker"]["region"],
-        "scaleOnInFlight": "true",
+        "scaleOnInFlight": "false",  # retried messages waiting out a backoff scale nothing
         "scaleOnDelayed": "false",
     }
     assert trigger["metadata"]["queueURL"] == rendered.env()["SQSINFER_QUEUE_URL"]
@@ -501,14 +678,14 @@ def test_queue_length_override_and_scale_options(chart: helm.Chart) -> None:
     values = {
         "keda": {
             "queueLength": 5,
-            "scaleOnInFlight": False,
+            "scaleOnInFlight": True,
             "awsRegion": "eu-north-1",
             "awsEndpoint": "http://sqs.local:4566",
         }
     }
     metadata = sqs_trigger(render(chart, values))["metadata"]
     assert metadata["queueLength"] == "5"
-    assert metadata["scaleOnInFlight"] == "false"
+    assert metadata["scaleOnInFlight"] == "true"
     assert metadata["awsRegion"] == "eu-north-1"
     assert metadata["awsEndpoint"] == "http://sqs.local:4566"
 
@@ -649,6 +826,26 @@ BAD_VALUES = [  # (values, where the schema finds the fault)
     ({"image": {"pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
     ({"shm": {"sizeLimit": "lots"}}, "/shm/sizeLimit"),
     ({"replicas": 3}, "'replicas'"),  # unknown top-level key
+    ({"terminationGracePeriodSeconds": 0}, "/terminationGracePeriodSeconds"),
+    ({"worker": {"drain_deadline_s": -1}}, "/worker/drain_deadline_s"),
+    ({"commonLabels": {"app.kubernetes.io/name": "x"}}, "invalid propertyName 'app.kubernetes"),
+    ({"commonAnnotations": {"a": 1}}, "/commonAnnotations/a"),
+    ({"initContainers": [{"image": "busybox"}]}, "/initContainers/0"),  # no name
+    ({"extraContainers": [{"name": "worker", "image": "x"}]}, "/extraContainers/0/name"),
+    ({"keda": {"scaleDownStabilizationSeconds": 60}}, "'scaleDownStabilizationSeconds'"),  # 0.1
+    ({"keda": {"fallback": {"replicas": 2}}}, "/keda/fallback"),  # no failureThreshold
+    ({"keda": {"fallback": {"failureThreshold": 3, "replicas": 2, "behavior": "x"}}}, "behavior"),
+    ({"keda": {"pausedReplicas": -1}}, "/keda/pausedReplicas"),
+    (
+        {"keda": {"behavior": {"scaleUp": {"policies": [{"type": "Cores", "value": 1}]}}}},
+        "/keda/behavior/scaleUp/policies/0",
+    ),
+    ({"keda": {"behavior": {"scaleSideways": {}}}}, "'scaleSideways'"),
+    ({"podDisruptionBudget": {"unhealthyPodEvictionPolicy": "Never"}}, "unhealthyPodEviction"),
+    ({"networkPolicy": {"enabled": True, "egress": []}}, "'egress'"),
+    ({"prometheusRule": {"selector": "job=x"}}, "/prometheusRule/selector"),  # unquoted value
+    ({"prometheusRule": {"stallFor": "15 minutes"}}, "/prometheusRule/stallFor"),
+    ({"prometheusRule": {"rejectedRatio": 5}}, "/prometheusRule/rejectedRatio"),
 ]
 
 
@@ -670,3 +867,254 @@ def test_bad_values_fail_schema_validation(
 def test_good_values_pass_schema_validation(chart: helm.Chart, stage: str | None) -> None:
     chart.validate_schema(example(stage) if stage else {})
     chart.validate_schema({"worker": {"allowed_input_prefixes": "s3://a-b/x/,s3://c-d/"}})
+
+
+# -- Extension points -------------------------------------------------------------------
+EVERYTHING_ON: dict[str, Any] = {
+    "commonLabels": {"team": "ml", "cost-center": "inference"},
+    "commonAnnotations": {"example.com/owner": "ml-platform"},
+    "initContainers": [
+        {
+            "name": "fetch-model",
+            "image": "registry.example.com/tools/s5cmd:2.2",
+            "args": ["cp", "s3://models/stage1.ubj", "/models/model.ubj"],
+            "volumeMounts": [{"name": "models", "mountPath": "/models"}],
+        }
+    ],
+    "extraContainers": [{"name": "log-shipper", "image": "registry.example.com/fluent-bit:3.1"}],
+    "extraVolumes": [{"name": "models", "emptyDir": {}}],
+    "serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}},
+    "prometheusRule": {"enabled": True, "labels": {"release": "prometheus"}},
+    "networkPolicy": {
+        "enabled": True,
+        "metricsFrom": [
+            {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+        ],
+        "allowPodIdentityAgent": True,
+        "extraEgress": [{"to": [{"ipBlock": {"cidr": "10.0.0.0/16"}}], "ports": [{"port": 4566}]}],
+    },
+    "keda": {
+        "paused": True,
+        "pausedReplicas": 2,
+        "fallback": {"failureThreshold": 3, "replicas": 2, "behavior": "currentReplicasIfHigher"},
+    },
+    "serviceAccount": {"roleArn": "arn:aws:iam::123456789012:role/stage1"},
+}
+ALL_KINDS = BASE_KINDS | {"ServiceMonitor", "PrometheusRule", "NetworkPolicy"}
+
+
+@pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
+def test_every_knob_on_renders_valid_manifests(chart: helm.Chart, kube_version: str) -> None:
+    chart.validate_schema(with_values(example("stage1"), **flatten(EVERYTHING_ON)))
+    rendered = render(chart, with_values(example("stage1"), **flatten(EVERYTHING_ON)))
+    assert rendered.kinds() == ALL_KINDS
+    for doc in rendered.docs:
+        validate_manifest(doc, kube_version)
+
+
+def flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}} as {"a__b": 1}, for with_values (lists and empty maps stay whole)."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, dict) and value and key not in ("commonLabels", "commonAnnotations"):
+            out |= flatten(value, f"{prefix}{key}__")
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def test_common_labels_and_annotations_reach_every_object(chart: helm.Chart) -> None:
+    rendered = render(chart, with_values(example("stage1"), **flatten(EVERYTHING_ON)))
+    for doc in rendered.docs:
+        meta = doc["metadata"]
+        assert {"team": "ml", "cost-center": "inference"}.items() <= meta["labels"].items()
+        assert meta["annotations"]["example.com/owner"] == "ml-platform", doc["kind"]
+    deployment = rendered.one("Deployment")
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert pod_labels["team"] == "ml"
+    assert "team" not in deployment["spec"]["selector"]["matchLabels"]  # selectors never change
+    # objects with annotations of their own keep them
+    account = rendered.one("ServiceAccount")["metadata"]["annotations"]
+    assert account["eks.amazonaws.com/role-arn"] == "arn:aws:iam::123456789012:role/stage1"
+    scaled = rendered.one("ScaledObject")["metadata"]["annotations"]
+    assert scaled["autoscaling.keda.sh/paused"] == "true"
+
+
+def test_no_annotations_without_values(chart: helm.Chart) -> None:
+    for doc in render(chart, with_values(None, serviceAccount__roleArn="")).docs:
+        assert "annotations" not in doc["metadata"], doc["kind"]
+
+
+def test_init_and_extra_containers(chart: helm.Chart) -> None:
+    rendered = render(chart, with_values(example("stage1"), **flatten(EVERYTHING_ON)))
+    pod = pod_spec(rendered)
+    assert [c["name"] for c in pod["initContainers"]] == ["fetch-model"]
+    assert [c["name"] for c in pod["containers"]] == ["worker", "log-shipper"]
+    assert "initContainers" not in pod_spec(render(chart))
+    assert [c["name"] for c in pod_spec(render(chart))["containers"]] == ["worker"]
+
+
+def test_capability_checks_stop_an_install_without_the_crds(chart: helm.Chart) -> None:
+    with pytest.raises(helm.HelmRenderError, match=re.escape(KEDA_API)) as error:
+        render(chart, api_versions=())
+    message = str(error.value)
+    assert "keda.enabled is set" in message and "install KEDA" in message
+    assert f"--api-versions {KEDA_API}" in message
+    assert render(chart, {"keda": {"enabled": False}}, api_versions=()).docs
+    for knob, api in zip(("serviceMonitor", "prometheusRule"), MONITORING_APIS, strict=True):
+        values = {knob: {"enabled": True}}
+        with pytest.raises(helm.HelmRenderError, match=f"{knob}.enabled is set.*{api}"):
+            render(chart, values, api_versions=(KEDA_API,))
+        assert render(chart, values, api_versions=(KEDA_API, api)).docs
+
+
+def test_network_policy_allows_dns_https_and_the_health_port(chart: helm.Chart) -> None:
+    assert "NetworkPolicy" not in render(chart).kinds()  # opt-in
+    rendered = render(chart, {"networkPolicy": {"enabled": True}, "worker": {"health_port": 9464}})
+    policy = rendered.one("NetworkPolicy")["spec"]
+    assert (
+        policy["podSelector"]["matchLabels"]
+        == (rendered.one("Deployment")["spec"]["selector"]["matchLabels"])
+    )
+    assert policy["policyTypes"] == ["Ingress", "Egress"]
+    assert policy["ingress"] == [{"ports": [{"port": 9464, "protocol": "TCP"}]}]
+    egress = [(p["port"], p["protocol"]) for rule in policy["egress"] for p in rule["ports"]]
+    assert egress == [(53, "UDP"), (53, "TCP"), (443, "TCP")]
+    assert all("to" not in rule for rule in policy["egress"])  # AWS endpoints move: any address
+
+
+def test_network_policy_knobs(chart: helm.Chart) -> None:
+    knobs = EVERYTHING_ON["networkPolicy"]
+    policy = render(chart, {"networkPolicy": knobs}).one("NetworkPolicy")["spec"]
+    assert policy["ingress"][0]["from"] == knobs["metricsFrom"]
+    agent, extra = policy["egress"][2:]
+    assert agent == {
+        "to": [{"ipBlock": {"cidr": "169.254.170.23/32"}}],
+        "ports": [{"port": 80, "protocol": "TCP"}],
+    }
+    assert extra == knobs["extraEgress"][0]
+
+
+def test_keda_pause_fallback_and_scaling_policies(chart: helm.Chart) -> None:
+    scaled = render(chart).one("ScaledObject")
+    assert "annotations" not in scaled["metadata"] and "fallback" not in scaled["spec"]
+    behavior = scaled["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
+    assert behavior == chart_defaults()["keda"]["behavior"]
+    assert behavior["scaleDown"]["stabilizationWindowSeconds"] >= 300
+    assert behavior["scaleUp"]["stabilizationWindowSeconds"] == 0
+
+    slow = {"policies": [{"type": "Pods", "value": 1, "periodSeconds": 120}]}
+    values = with_values(
+        None,
+        keda__paused=True,
+        keda__pausedReplicas=0,
+        keda__fallback={"failureThreshold": 4, "replicas": 3},
+        keda__behavior={"scaleDown": slow},
+    )
+    scaled = render(chart, values).one("ScaledObject")
+    assert scaled["metadata"]["annotations"] == {
+        "autoscaling.keda.sh/paused": "true",
+        "autoscaling.keda.sh/paused-replicas": "0",
+    }
+    assert scaled["spec"]["fallback"] == {"failureThreshold": 4, "replicas": 3}
+    rules = scaled["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]
+    # Helm merges maps and replaces lists: the policies are the new ones, the window stays
+    assert rules == {**chart_defaults()["keda"]["behavior"]["scaleDown"], **slow}
+    validate_manifest(scaled, KUBE_VERSIONS[0])
+
+
+def test_pdb_lets_drains_evict_unready_pods(chart: helm.Chart) -> None:
+    pdb = render(chart).one("PodDisruptionBudget")["spec"]
+    assert pdb["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+    values = {"podDisruptionBudget": {"unhealthyPodEvictionPolicy": "IfHealthyBudget"}}
+    pdb = render(chart, values).one("PodDisruptionBudget")["spec"]
+    assert pdb["unhealthyPodEvictionPolicy"] == "IfHealthyBudget"
+
+
+def test_examples_pin_the_image_by_digest(chart: helm.Chart) -> None:
+    for stage in STAGES:
+        image = example(stage)["image"]
+        rendered = render(chart, example(stage), name=stage).container()["image"]
+        assert rendered == f"{image['repository']}@{image['digest']}"
+    assert render(chart).container()["image"] == "sqsinfer:" + chart.metadata["appVersion"]
+
+
+def test_chart_metadata_points_home() -> None:
+    meta = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    repo = "https://github.com/sqsinfer/sqsinfer"
+    assert meta["home"] == repo and meta["sources"] == [repo]
+    prefix = "https://raw.githubusercontent.com/sqsinfer/sqsinfer/main/"
+    assert meta["icon"].startswith(prefix)
+    assert (ROOT / meta["icon"].removeprefix(prefix)).is_file()  # the icon is in the repository
+    report = helm.lint(CHART, strict=True)
+    assert [m for m in report["messages"] if "icon" in m["error"]] == []
+
+
+# -- Alerts -----------------------------------------------------------------------------
+ALERTS = {
+    "SqsinferRejectedRatio",
+    "SqsinferProcessesCrashLooping",
+    "SqsinferAwsErrors",
+    "SqsinferStalled",
+    "SqsinferBacklogNotDraining",
+}
+
+
+def alert_rules(rendered: Rendered) -> dict[str, dict[str, Any]]:
+    (group,) = rendered.one("PrometheusRule")["spec"]["groups"]
+    return {rule["alert"]: rule for rule in group["rules"]}
+
+
+def test_prometheus_rule_alerts_ask_for_series_that_exist(chart: helm.Chart) -> None:
+    rendered = render(chart, with_values(example("stage1"), prometheusRule__enabled=True))
+    rules = alert_rules(rendered)
+    assert set(rules) == ALERTS
+    # only what a worker exposes today (or KEDA): no alert waits on metrics still to come
+    series = {**promql.EXTERNAL, **promql.exposed_metrics()}
+    job = rendered.one("Service")["metadata"]["name"]
+    for name, rule in rules.items():
+        assert promql.unknown(rule["expr"], series) == [], name
+        for selector in promql.selectors(rule["expr"]):
+            if selector.name.startswith("sqsinfer_"):  # this stage's series only
+                assert {"job", "namespace"} <= selector.labels, name
+        assert f'job="{job}"' in rule["expr"] and f'namespace="{NAMESPACE}"' in rule["expr"]
+        assert rule["labels"] == {"severity": "warning"}
+        assert rule["annotations"]["summary"]
+    assert 'scaledObject="stage1-sqsinfer"' in rules["SqsinferBacklogNotDraining"]["expr"]
+    # the ServiceMonitor's job is the Service's name, which the alerts select
+    assert (
+        rendered.one("ServiceMonitor")["spec"]["selector"]["matchLabels"]
+        == (rendered.one("Service")["spec"]["selector"])
+    )
+
+
+def test_prometheus_rule_thresholds_and_selector(chart: helm.Chart) -> None:
+    values = {
+        "prometheusRule": {
+            "enabled": True,
+            "selector": 'service="scoring",cluster="eu"',
+            "alertLabels": {"severity": "page", "team": "ml"},
+            "rejectedRatio": 0.05,
+            "processRestarts": 7,
+            "awsErrorsPerSecond": 0.5,
+            "stallFor": "20m",
+            "backlogFor": "1h",
+        },
+        "keda": {"enabled": False},
+    }
+    rules = alert_rules(render(chart, values))
+    assert set(rules) == ALERTS - {"SqsinferBacklogNotDraining"}  # needs KEDA's metrics
+    assert rules["SqsinferRejectedRatio"]["expr"].endswith("> 0.05")
+    assert rules["SqsinferProcessesCrashLooping"]["expr"].endswith("> 7")
+    assert rules["SqsinferAwsErrors"]["expr"].endswith("> 0.5")
+    assert "[20m]" in rules["SqsinferStalled"]["expr"]
+    for rule in rules.values():
+        assert 'service="scoring",cluster="eu"' in rule["expr"] and "job=" not in rule["expr"]
+        assert rule["labels"] == {"severity": "page", "team": "ml"}
+        promql.parse(rule["expr"])
+
+
+def test_notes_warn_when_the_network_policy_blocks_the_endpoint(chart: helm.Chart) -> None:
+    values = {"networkPolicy": {"enabled": True}, "worker": {"endpoint_url": "http://s:4566"}}
+    assert "add the port of\nworker.endpoint_url (http://s:4566)" in render(chart, values).notes
+    assert "networkPolicy" not in render(chart, {"networkPolicy": {"enabled": True}}).notes

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 
 from sqsinfer import cli
 from sqsinfer.ops.plan import PlanError, PlanInput, Prices, make_plan, visibility_extensions
+from tests.conftest import Stage
 
 SEED = 15_800_000
 DAY_S = 86_400
@@ -180,3 +184,49 @@ def test_every_operator_command_has_help_with_examples(command, capsys):
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
     assert "examples:" in out and f"sqsinfer {command} " in out
+
+
+# -- Output into a pipe its reader closed early (`| head -1`, `| true`) -----------------
+PLAN_ARGS = ["plan", "--tasks", "15.8M", "--seconds-per-task", "45", "--processes", "8"]
+
+
+def into_closed_pipe(argv: list[str], lines_read: int) -> tuple[int, str, list[bytes]]:
+    """Run `sqsinfer argv` with stdout into a real pipe whose reader closes after reading
+    `lines_read` lines (0: before the command writes anything)."""
+    read_fd, write_fd = os.pipe()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sqsinfer", *argv], stdout=write_fd, stderr=subprocess.PIPE
+    )
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as reader:
+        lines = [reader.readline() for _ in range(lines_read)]
+    _, err = proc.communicate(timeout=120)
+    return proc.returncode, err.decode(), lines
+
+
+@pytest.mark.parametrize("lines_read", [0, 1])
+@pytest.mark.parametrize("output", [["--json"], []], ids=["json", "table"])
+def test_plan_into_a_closed_pipe_exits_quietly(output: list[str], lines_read: int):
+    code, err, lines = into_closed_pipe([*PLAN_ARGS, "--deadline-h", "48", *output], lines_read)
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
+    assert err == ""
+    assert code in (0, 1)  # 0 when the reader took all of it before closing
+    if lines_read:
+        assert lines[0].strip() in (b"{", b"fleet")
+
+
+def test_status_watch_into_a_closed_pipe_exits_quietly(stage: Stage):
+    argv = ["status", "--queue-url", stage.queue_url, "--endpoint-url", stage.endpoint]
+    argv += ["--watch", "--interval-s", "0.1", "--count", "50", "--json"]
+    code, err, lines = into_closed_pipe(argv, lines_read=1)
+    assert json.loads(lines[0])["queues"]  # one refresh read, the next write fails
+    assert (code, err) == (1, "")
+
+
+def test_redrive_into_a_closed_pipe_moves_and_exits_quietly(stage: Stage):
+    for i in range(3):
+        stage.send({"task_id": f"t{i}", "input": f"s3://{stage.bucket}/in/t{i}.npy"}, stage.dlq_url)
+    argv = ["redrive", "--queue-url", stage.queue_url, "--endpoint-url", stage.endpoint]
+    code, err, _ = into_closed_pipe([*argv, "--wait-time-s", "0", "--json"], lines_read=0)
+    assert (code, err) == (1, "")
+    assert stage.counts(stage.queue_url)[0] == 3  # the work was done; only its report was lost

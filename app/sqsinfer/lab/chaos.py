@@ -27,14 +27,16 @@ import tempfile
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import psutil
 
 from sqsinfer.chain import WRITE_ATTEMPTS
 from sqsinfer.lab import feeder, stage, standin, synthetic
 from sqsinfer.lab.faults import SDK_ATTEMPTS
+
+if TYPE_CHECKING:  # imported where used: the CLI builds this parser in every install
+    import psutil
 
 BUCKET = "sqsinfer-chaos"
 FEATURES = 6
@@ -185,6 +187,8 @@ def _settings(
 
 def _computing(process: psutil.Process) -> bool:
     """Seen on a CPU twice a millisecond apart: most likely inside a prediction."""
+    import psutil
+
     try:
         if process.status() != psutil.STATUS_RUNNING:
             return False

@@ -22,12 +22,14 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
-import psutil
 
 from sqsinfer.lab import feeder, stage, standin, synthetic
+
+if TYPE_CHECKING:  # imported where used: the CLI builds this wing's parsers everywhere
+    import psutil
 
 BUCKET = "sqsinfer-soak"
 FEATURES = 12
@@ -187,6 +189,8 @@ class ShmCounter:
 
 
 def _tree(pid: int) -> list[psutil.Process]:
+    import psutil  # the [local] extra
+
     try:
         root = psutil.Process(pid)
         return [root, *root.children(recursive=True)]
@@ -196,6 +200,8 @@ def _tree(pid: int) -> list[psutil.Process]:
 
 def _resources(pid: int, shm: ShmCounter) -> tuple[float, float, int, int]:
     """The tree's parent RSS and children's RSS (MiB), open fds, /dev/shm entries."""
+    import psutil  # the [local] extra
+
     parent_rss, children_rss, fds = 0, 0, 0
     tree = _tree(pid)
     for proc in tree:
@@ -313,6 +319,8 @@ class Soak:
         return worker
 
     def kill_youngest(self, worker: stage.WorkerProcess) -> None:
+        import psutil  # the [local] extra
+
         children = worker.pool_children()
         with contextlib.suppress(psutil.Error):
             if children:

@@ -19,14 +19,16 @@ import urllib.request
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import orjson
-import psutil
 
 from sqsinfer.lab import standin, synthetic
 from sqsinfer.queue import REASON_ATTR
+
+if TYPE_CHECKING:  # imported where used: the CLI builds this wing's parsers everywhere
+    import psutil
 
 MAX_RECEIVE_COUNT = 3
 # A local task takes well under a second: a short drain keeps every stop quick (the
@@ -262,6 +264,8 @@ class WorkerProcess:
 
     def pool_children(self) -> list[psutil.Process]:
         """The worker's inference processes (spawned; not the resource tracker)."""
+        import psutil  # the [local] extra
+
         try:
             children = psutil.Process(self.process.pid).children()
         except psutil.NoSuchProcess:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import decimal
+import functools
 import math
 import os
 import sys
@@ -59,6 +60,31 @@ def run_command(main: Callable[[], Coroutine[Any, Any, int]], name: str, log_lev
     except KeyboardInterrupt:
         print(f"sqsinfer {name}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+
+
+def quiet_on_broken_pipe(
+    command: Callable[[argparse.Namespace], int],
+) -> Callable[[argparse.Namespace], int]:
+    """A reader that stops early (`| head -1`) ends the command quietly, not in a traceback.
+
+    The exit status is 1, as rich's console gives for its own output and as Python's
+    documentation suggests; what follows in the pipeline decides the pipeline's status.
+    """
+
+    @functools.wraps(command)
+    def run(args: argparse.Namespace) -> int:
+        try:
+            code = command(args)
+            sys.stdout.flush()  # output still buffered would fail at exit, past this handler
+        except BrokenPipeError:
+            # Python flushes stdout once more at exit: point it at /dev/null so that is quiet.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+            return EXIT_FAILED
+        return code
+
+    return run
 
 
 def usage_error(name: str, problem: str) -> int:

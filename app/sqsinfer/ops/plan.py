@@ -402,6 +402,7 @@ def plan_input(args: argparse.Namespace) -> PlanInput:
     )
 
 
+@common.quiet_on_broken_pipe
 def cmd_plan(args: argparse.Namespace) -> int:
     try:
         plan = make_plan(plan_input(args))

@@ -336,6 +336,7 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(func=cmd_redrive)
 
 
+@common.quiet_on_broken_pipe
 def cmd_redrive(args: argparse.Namespace) -> int:
     if not (args.queue_url or args.dlq_url):
         return common.usage_error("redrive", "give --queue-url or --dlq-url")

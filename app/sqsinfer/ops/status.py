@@ -252,6 +252,7 @@ def _urls(args: argparse.Namespace) -> list[str]:
     return [url for url in env if url]
 
 
+@common.quiet_on_broken_pipe
 def cmd_status(args: argparse.Namespace) -> int:
     urls = _urls(args)
     if not urls:

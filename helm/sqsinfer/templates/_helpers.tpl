@@ -25,6 +25,7 @@ app.kubernetes.io/name: {{ include "sqsinfer.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
+{{/* The chart's own labels with commonLabels (which the schema keeps off the chart's keys). */}}
 {{- define "sqsinfer.labels" -}}
 helm.sh/chart: {{ include "sqsinfer.chart" . }}
 {{ include "sqsinfer.selectorLabels" . }}
@@ -33,6 +34,22 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/component: {{ .Values.stage | default "worker" | quote }}
 {{- with .Values.chain }}
 app.kubernetes.io/part-of: {{ . | quote }}
+{{- end }}
+{{- range $key, $value := .Values.commonLabels }}
+{{ $key }}: {{ $value | quote }}
+{{- end }}
+{{- end }}
+
+{{/*
+metadata.annotations of an object: commonAnnotations, then the object's own (which win).
+Call with (dict "root" $ "own" $annotations) right after the labels of the metadata;
+renders nothing when both are empty.
+*/}}
+{{- define "sqsinfer.annotations" -}}
+{{- $all := merge (deepCopy (.own | default dict)) (deepCopy (.root.Values.commonAnnotations | default dict)) }}
+{{- with $all }}
+  annotations:
+    {{- toYaml . | nindent 4 }}
 {{- end }}
 {{- end }}
 
@@ -123,14 +140,64 @@ quota when it is 0: the CPU limit rounded to the nearest whole CPU, at least 1.
 {{- end }}
 {{- end }}
 
+{{/*
+Shutdown timing, the worker's own rules (sqsinfer.config): an unset task_time_s is 60 s;
+an unset (or 0) drain_deadline_s is task_time_s + 10 s; after the drain a commit under way
+gets COMMIT_GRACE_S (10 s) and the release of what is left FORCED_RELEASE_S (5 s), the
+worker's shutdown_budget_s. The pod's grace adds 5 s for the processes to exit. A test
+holds these numbers to the worker's.
+*/}}
+{{- define "sqsinfer.taskTime" -}}
+{{- $t := .Values.worker.task_time_s }}
+{{- if include "sqsinfer.isSet" $t }}{{ float64 $t }}{{ else }}{{ 60.0 }}{{ end }}
+{{- end }}
+
+{{- define "sqsinfer.drain" -}}
+{{- $d := .Values.worker.drain_deadline_s }}
+{{- if and (include "sqsinfer.isSet" $d) (gt (float64 $d) 0.0) }}
+{{- float64 $d }}
+{{- else }}
+{{- addf (include "sqsinfer.taskTime" . | float64) 10.0 }}
+{{- end }}
+{{- end }}
+
+{{/* The least grace period: ceil(drain + 10 s + 5 s) + 5 s for the processes to exit. */}}
+{{- define "sqsinfer.minGrace" -}}
+{{- add (ceil (addf (include "sqsinfer.drain" . | float64) 15.0) | int64) 5 }}
+{{- end }}
+
+{{- define "sqsinfer.grace" -}}
+{{- $g := .Values.terminationGracePeriodSeconds }}
+{{- if include "sqsinfer.isSet" $g }}{{ int64 $g }}{{ else }}{{ include "sqsinfer.minGrace" . }}{{ end }}
+{{- end }}
+
 {{/* Checks the schema cannot express; they stop the render with a clear message. */}}
 {{- define "sqsinfer.validate" -}}
-{{- $drain := float64 .Values.worker.drain_deadline_s }}
-{{- $grace := float64 .Values.terminationGracePeriodSeconds }}
-{{- if lt $grace (addf $drain 5) }}
-{{- fail (printf "terminationGracePeriodSeconds (%v) must exceed worker.drain_deadline_s (%v) by at least 5 s, or the kubelet kills pods before they release unfinished messages" .Values.terminationGracePeriodSeconds .Values.worker.drain_deadline_s) }}
+{{- $task := include "sqsinfer.taskTime" . | float64 }}
+{{- $drain := include "sqsinfer.drain" . | float64 }}
+{{- if lt $drain $task }}
+{{- fail (printf "worker.drain_deadline_s (%v) must be at least worker.task_time_s (%v): a shorter drain throws away tasks of normal length at every scale-down and rollout" $drain $task) }}
+{{- end }}
+{{- $grace := include "sqsinfer.grace" . | int64 }}
+{{- $least := include "sqsinfer.minGrace" . | int64 }}
+{{- if lt $grace $least }}
+{{- fail (printf "terminationGracePeriodSeconds (%d) must be at least %d: worker.drain_deadline_s (%v) + 10 s for a commit under way + 5 s to release unfinished messages + 5 s for the processes to exit; leave it empty to have it derived" $grace $least $drain) }}
 {{- end }}
 {{- if and .Values.keda.enabled (not .Values.keda.scaleToZero) (gt (int64 .Values.keda.minReplicas) (int64 .Values.keda.maxReplicas)) }}
 {{- fail "keda.minReplicas must not exceed keda.maxReplicas" }}
+{{- end }}
+{{- include "sqsinfer.requireApi" (dict "root" . "on" .Values.keda.enabled "api" "keda.sh/v1alpha1/ScaledObject" "what" "KEDA" "value" "keda.enabled") }}
+{{- include "sqsinfer.requireApi" (dict "root" . "on" .Values.serviceMonitor.enabled "api" "monitoring.coreos.com/v1/ServiceMonitor" "what" "the Prometheus Operator" "value" "serviceMonitor.enabled") }}
+{{- include "sqsinfer.requireApi" (dict "root" . "on" .Values.prometheusRule.enabled "api" "monitoring.coreos.com/v1/PrometheusRule" "what" "the Prometheus Operator" "value" "prometheusRule.enabled") }}
+{{- end }}
+
+{{/*
+Stop when a custom resource the values ask for has no CRD in the cluster, rather than
+fail later with "no matches for kind". helm template renders without a cluster: pass
+the API with --api-versions (Argo CD passes the cluster's own).
+*/}}
+{{- define "sqsinfer.requireApi" -}}
+{{- if and .on (not (.root.Capabilities.APIVersions.Has .api)) }}
+{{- fail (printf "%s is set but the cluster has no %s (%s's CRDs are not installed): install %s, or set %s=false. Rendering offline with helm template? Add --api-versions %s" .value .api .what .what .value .api) }}
 {{- end }}
 {{- end }}
