@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-fast lint types docs docs-settings pytest bench clean
+.PHONY: demo test test-fast test-localstack lint types docs docs-settings pytest bench clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
@@ -26,7 +26,7 @@ types: $(BIN)/.installed
 	$(BIN)/mypy
 
 pytest: $(BIN)/.installed
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -p no:cacheprovider --ignore=tests/localstack
 
 # The documentation site, built strictly: a broken link or anchor fails the build.
 docs: $(BIN)/.installed
@@ -42,5 +42,17 @@ test: lint types docs pytest
 test-fast: $(BIN)/.installed
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit tests/worker
 
+# The worker against LocalStack as well as moto: LocalStack's S3 and SQS, stricter where AWS
+# is, in host mode (no Docker) from its own venv on Python 3.13, built here when missing.
+LOCALSTACK_VENV ?= .venv-localstack
+
+$(LOCALSTACK_VENV)/.installed: app/sqsinfer/lab/localstack.py | $(BIN)/.installed
+	$(BIN)/python -m sqsinfer.lab.localstack install $(LOCALSTACK_VENV)
+	touch $@
+
+test-localstack: $(BIN)/.installed $(LOCALSTACK_VENV)/.installed
+	SQSINFER_LOCALSTACK_PYTHON=$(LOCALSTACK_VENV)/bin/python SQSINFER_LOCALSTACK_REQUIRED=1 \
+		$(BIN)/python -m pytest -q -p no:cacheprovider tests/localstack
+
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(LOCALSTACK_VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -37,7 +37,7 @@ def model_path(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @dataclass
 class Stage:
-    """One stage's queues and buckets on the moto server, with sync clients to inspect them."""
+    """One stage's queues and bucket on a stand-in server, with sync clients to inspect them."""
 
     endpoint: str
     s3: Any
@@ -106,15 +106,20 @@ def _queue_pair(sqs: Any, name: str) -> tuple[str, str]:
     return url, dlq
 
 
-@pytest.fixture
-def stage(moto: standin.MotoServer) -> Stage:
-    kw = {"endpoint_url": moto.url, "region_name": "us-east-1"}
+def make_stage(endpoint: str) -> Stage:
+    """A fresh bucket and two queue pairs (this stage's, the next one's) at `endpoint`."""
+    kw = {"endpoint_url": endpoint, "region_name": "us-east-1"}
     s3, sqs = boto3.client("s3", **kw), boto3.client("sqs", **kw)
     name = "t" + uuid.uuid4().hex[:10]
     s3.create_bucket(Bucket=name)
     url, dlq = _queue_pair(sqs, name)
     next_url, next_dlq = _queue_pair(sqs, name + "-next")
-    return Stage(moto.url, s3, sqs, name, url, dlq, next_url, next_dlq)
+    return Stage(endpoint, s3, sqs, name, url, dlq, next_url, next_dlq)
+
+
+@pytest.fixture
+def stage(moto: standin.MotoServer) -> Stage:
+    return make_stage(moto.url)
 
 
 @pytest.fixture
