@@ -87,7 +87,9 @@ def _python_is(python: str, version: tuple[int, int], module: str = "") -> bool:
 
 def localstack_python(environ: Mapping[str, str] = os.environ) -> str:
     """LocalStack's own Python: `SQSINFER_LOCALSTACK_PYTHON`, else `.venv-localstack/bin`."""
-    python = environ.get(PYTHON_ENV) or str(Path(DEFAULT_VENV) / "bin" / "python")
+    # Absolute (symlinks kept: a venv's Python finds its venv through its own path), as
+    # LocalStack runs with its state directory as the working directory.
+    python = os.path.abspath(environ.get(PYTHON_ENV) or os.path.join(DEFAULT_VENV, "bin", "python"))
     if not _python_is(python, PYTHON_VERSION, "localstack.runtime.main"):
         raise LocalStackMissing(
             f"LocalStack is not installed at {python} (set {PYTHON_ENV} to its venv's Python); "
