@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 DEMO_ARGS ?=
 
-.PHONY: demo test test-fast test-floors lint types docs docs-settings chart-readme release pytest bench clean
+.PHONY: demo test test-fast test-floors test-localstack lint types docs docs-settings chart-readme release pytest bench clean
 
 # One venv in two layers. `make demo` installs the runtime and the lean local stand-in
 # (.[local], about 410 MB); `make test` adds the dev tools (.[dev]) on top. One venv, so
@@ -36,7 +36,7 @@ types: $(BIN)/.installed
 	$(BIN)/mypy --strict scripts
 
 pytest: $(BIN)/.installed
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -p no:cacheprovider --ignore=tests/localstack
 
 # The documentation site, built strictly: a broken link or anchor fails the build.
 docs: $(BIN)/.installed
@@ -74,5 +74,17 @@ test-floors: $(BIN)/.installed
 release: $(BIN)/.installed
 	$(BIN)/python scripts/release.py
 
+# The worker against LocalStack as well as moto: LocalStack's S3 and SQS, stricter where AWS
+# is, in host mode (no Docker) from its own venv on Python 3.13, built here when missing.
+LOCALSTACK_VENV ?= .venv-localstack
+
+$(LOCALSTACK_VENV)/.installed: app/sqsinfer/lab/localstack.py | $(BIN)/.installed
+	$(BIN)/python -m sqsinfer.lab.localstack install $(LOCALSTACK_VENV)
+	touch $@
+
+test-localstack: $(BIN)/.installed $(LOCALSTACK_VENV)/.installed
+	SQSINFER_LOCALSTACK_PYTHON=$(LOCALSTACK_VENV)/bin/python SQSINFER_LOCALSTACK_REQUIRED=1 \
+		$(BIN)/python -m pytest -q -p no:cacheprovider tests/localstack
+
 clean:
-	rm -rf $(VENV) $(FLOORS_VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(FLOORS_VENV) $(LOCALSTACK_VENV) .mypy_cache .ruff_cache .pytest_cache

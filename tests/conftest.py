@@ -38,7 +38,7 @@ def model_path(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @dataclass
 class Stage:
-    """One stage's queues and buckets on the moto server, with sync clients to inspect them."""
+    """One stage's queues and bucket on a stand-in server, with sync clients to inspect them."""
 
     endpoint: str
     s3: Any
@@ -90,9 +90,9 @@ class Stage:
             got += batch
 
 
-@pytest.fixture
-def stage(moto: standin.MotoServer) -> Stage:
-    s3, sqs = standin.clients(moto.url)
+def make_stage(endpoint: str) -> Stage:
+    """A fresh bucket and two queue pairs (this stage's, the next one's) at `endpoint`."""
+    s3, sqs = standin.clients(endpoint)
     name = lab_stage.create_bucket(s3, "t" + uuid.uuid4().hex[:10])
     this, after = (
         lab_stage.create_queue(
@@ -100,7 +100,12 @@ def stage(moto: standin.MotoServer) -> Stage:
         )
         for queue in (name, name + "-next")
     )
-    return Stage(moto.url, s3, sqs, name, this.url, this.dlq_url, after.url, after.dlq_url)
+    return Stage(endpoint, s3, sqs, name, this.url, this.dlq_url, after.url, after.dlq_url)
+
+
+@pytest.fixture
+def stage(moto: standin.MotoServer) -> Stage:
+    return make_stage(moto.url)
 
 
 @pytest.fixture
