@@ -4,6 +4,10 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+# The suite mostly waits (on the moto server, on spawned processes, on timeouts), so four
+# pytest workers on two cores cut its wall time; a test file stays on one worker.
+# PARALLEL= (empty) runs it in one process.
+PARALLEL ?= -n 4 --dist loadfile
 DEMO_ARGS ?=
 
 .PHONY: demo test test-fast test-floors test-localstack lint types docs docs-settings chart-readme release pytest bench clean
@@ -36,7 +40,7 @@ types: $(BIN)/.installed
 	$(BIN)/mypy --strict scripts
 
 pytest: $(BIN)/.installed
-	$(BIN)/python -m pytest -q -p no:cacheprovider --ignore=tests/localstack
+	$(BIN)/python -m pytest -q -p no:cacheprovider $(PARALLEL) --ignore=tests/localstack
 
 # The documentation site, built strictly: a broken link or anchor fails the build.
 docs: $(BIN)/.installed
@@ -54,7 +58,7 @@ test: lint types docs pytest
 
 # The inner loop: unit tests and the worker against moto, without ops, deploy and lab.
 test-fast: $(BIN)/.installed
-	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit tests/worker
+	$(BIN)/python -m pytest -q -p no:cacheprovider $(PARALLEL) tests/unit tests/worker
 
 # The declared dependency floors really work: a separate venv holding the lowest version of
 # every direct dependency (uv's lowest-direct resolution), checked to be the declared
@@ -67,7 +71,7 @@ test-floors: $(BIN)/.installed
 	$(BIN)/uv pip install --quiet --python $(FLOORS_VENV)/bin/python \
 		--resolution lowest-direct -e '.[dev]'
 	$(FLOORS_VENV)/bin/python scripts/check_floors.py --extras dev
-	$(FLOORS_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/unit tests/worker tests/deploy
+	$(FLOORS_VENV)/bin/python -m pytest -q -p no:cacheprovider $(PARALLEL) tests/unit tests/worker tests/deploy
 
 # The release artefacts of sqsinfer.__version__ into dist/: wheel, sdist, chart package,
 # lint of each, and dist/docker-build.sh for the image.
