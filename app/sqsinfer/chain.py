@@ -201,9 +201,9 @@ class Linker:
             except Exception as exc:
                 last, maybe_sent = exc, may_have_taken_effect(exc)
                 log.warning(
-                    "next stage send failed: %s",
-                    exc,
-                    extra=delivery.log_fields | {"attempt": attempt + 1, "maybe_sent": maybe_sent},
+                    "next stage send failed",
+                    extra=delivery.log_fields
+                    | {"attempt": attempt + 1, "maybe_sent": maybe_sent, "error": str(exc)},
                 )
                 if maybe_sent:  # one more message may be on the next stage already
                     unsure = True
@@ -293,9 +293,9 @@ class Linker:
                 if attempt + 1 == WRITE_ATTEMPTS:
                     raise
                 log.warning(
-                    "chain marker write failed: %s",
-                    exc,
-                    extra=delivery.log_fields | {"state": state, "attempt": attempt + 1},
+                    "chain marker write failed",
+                    extra=delivery.log_fields
+                    | {"state": state, "attempt": attempt + 1, "error": str(exc)},
                 )
                 await asyncio.sleep(_RETRY.delay_s(attempt))
         raise AssertionError("unreachable")  # pragma: no cover

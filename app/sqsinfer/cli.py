@@ -54,7 +54,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     try:
         return run_async(main())
     except (ModelLoadError, StartupError) as exc:
-        log.error("cannot start: %s", exc)
+        log.error("cannot start", extra={"error": str(exc)})
         print(f"sqsinfer worker: cannot start: {exc}", file=sys.stderr)
         return EXIT_FAILED
 

@@ -21,8 +21,15 @@ _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {
 }
 
 
+# Every JSON line starts with these; a field of the same name never replaces one of them.
+ENVELOPE = ("ts", "level", "logger", "msg")
+
+
 def record_fields(record: logging.LogRecord) -> dict[str, Any]:
-    return {k: v for k, v in vars(record).items() if k not in _STANDARD}
+    """The facts passed with `extra=`; one named like an envelope key gets a trailing `_`."""
+    return {
+        (k + "_" if k in ENVELOPE else k): v for k, v in vars(record).items() if k not in _STANDARD
+    }
 
 
 class JsonFormatter(logging.Formatter):

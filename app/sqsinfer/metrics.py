@@ -7,11 +7,38 @@ can live in one process (tests, benchmarks) without their counts mixing.
 from __future__ import annotations
 
 import collections
+from collections.abc import Callable, Iterator
 from enum import StrEnum
+from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily
 
-from sqsinfer.outcomes import Outcome
+from sqsinfer import procfs
+from sqsinfer.outcomes import REJECTION_REASONS, Outcome
+
+# `_created` series double the series count for a timestamp nobody queries.
+disable_created_metrics()  # type: ignore[no-untyped-call]
+
+# The operations the worker makes, shown at 0 from the start (an error ratio needs both).
+AWS_OPERATIONS = (
+    "ReceiveMessage",
+    "DeleteMessageBatch",
+    "ChangeMessageVisibilityBatch",
+    "SendMessage",
+    "GetObject",
+    "HeadObject",
+    "PutObject",
+)
 
 
 class DuplicateKind(StrEnum):
@@ -101,9 +128,32 @@ class Metrics:
             ["kind"],
             registry=r,
         )
-        self.aws_errors = Counter(
-            "sqsinfer_aws_errors", "Failed AWS calls, by operation", ["operation"], registry=r
+        self.aws_requests = Counter(
+            "sqsinfer_aws_requests",
+            "AWS API calls made (each call once, whatever the SDK retried), by operation",
+            ["operation"],
+            registry=r,
         )
+        self.aws_errors = Counter(
+            "sqsinfer_aws_errors",
+            "AWS API calls that failed (an error answer or none at all), by operation",
+            ["operation"],
+            registry=r,
+        )
+        self.in_flight_limit = Gauge(
+            "sqsinfer_in_flight_limit",
+            "Messages this worker may hold at once (in_flight / in_flight_limit = utilisation)",
+            registry=r,
+        )
+        self.info = Gauge(
+            "sqsinfer_info",
+            "Always 1; the labels say what this worker runs",
+            ["version", "model_sha256", "handler"],
+            registry=r,
+        )
+        self.child_rss = _ChildRss(registry=r)
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
         self.outcomes: collections.Counter[str] = collections.Counter()
         for outcome in Outcome:
             self.tasks.labels(outcome)  # every outcome shows 0 before it first happens
@@ -111,6 +161,11 @@ class Metrics:
             self.phase_seconds.labels(phase)
         for kind in DuplicateKind:
             self.chain_duplicates.labels(kind)
+        for reason in REJECTION_REASONS:
+            self.rejections.labels(reason)
+        for operation in AWS_OPERATIONS:
+            self.aws_requests.labels(operation)
+            self.aws_errors.labels(operation)
 
     def observe(self, phase: Phase, seconds: float) -> None:
         self.phase_seconds.labels(phase).observe(seconds)
@@ -120,5 +175,50 @@ class Metrics:
         self.task_seconds.labels(outcome).observe(seconds)
         self.outcomes[outcome] += 1
 
+    def running(self, version: str, model_sha256: str, handler: str) -> None:
+        """Say what this worker runs (sqsinfer_info), once it knows."""
+        self.info.clear()
+        self.info.labels(version, model_sha256, handler).set(1)
+
+    def count_aws_calls(self, client: Any) -> None:
+        """Count every API call of an SDK client and every one that failed, by operation.
+
+        botocore emits `before-call` once per call (not per retry), `after-call` with the
+        answer (an error answer included) and `after-call-error` when there was none.
+        """
+        events = client.meta.events
+        events.register("before-call", self._before_call)
+        events.register("after-call", self._after_call)
+        events.register("after-call-error", self._after_call_error)
+
+    def _before_call(self, model: Any, **_: Any) -> None:
+        self.aws_requests.labels(model.name).inc()
+
+    def _after_call(self, model: Any, http_response: Any = None, **_: Any) -> None:
+        if http_response is not None and getattr(http_response, "status_code", 200) >= 400:
+            self.aws_errors.labels(model.name).inc()
+
+    def _after_call_error(self, model: Any, **_: Any) -> None:
+        self.aws_errors.labels(model.name).inc()
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _ChildRss:
+    """sqsinfer_child_rss_bytes{slot}: each inference process's resident memory, read from
+    /proc when scraped (the parent's own is process_resident_memory_bytes)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.pids: Callable[[], dict[int, int]] = dict
+        registry.register(self)
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "sqsinfer_child_rss_bytes", "Resident memory of each inference process", labels=["slot"]
+        )
+        for slot, pid in sorted(self.pids().items()):
+            rss = procfs.rss_bytes(pid)
+            if rss is not None:
+                family.add_metric([str(slot)], rss)
+        yield family

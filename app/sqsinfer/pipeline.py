@@ -42,7 +42,7 @@ from sqsinfer.storage import ObjectInfo, Storage
 
 log = logging.getLogger("sqsinfer.task")
 
-RETRIES_EXHAUSTED = "retries_exhausted"
+RETRIES_EXHAUSTED = "retries_exhausted"  # both in outcomes.REJECTION_REASONS
 OUTPUT_CONFLICT = "output_conflict"
 # A cancelled task waits this long for a step already under way whose effect cannot be
 # undone (a DLQ copy, a next-stage send): the message is then deleted, not released.
@@ -188,7 +188,7 @@ class Pipeline:
         except Exception as exc:  # transient by default: bounded by the redrive policy
             code = exc.code if isinstance(exc, LinkNotSent) else error_code(exc)
             held.reason = code or type(exc).__name__
-            log.warning("task failed, will retry: %s", exc, extra=self._ids(held))
+            log.warning("task failed, will retry", extra=self._ids(held) | {"error": str(exc)})
             return await self._retry(held, f"{held.reason}: {exc}")
 
     async def _run(self, held: Held, task: Task) -> Outcome:
@@ -305,7 +305,7 @@ class Pipeline:
         try:
             deleted = await asyncio.shield(self.queue.delete(held.message))
         except Exception as exc:  # the outcome stands: the write (or the copy) decided it
-            log.warning("delete failed: %s", exc, extra=self._ids(held))
+            log.warning("delete failed", extra=self._ids(held) | {"error": str(exc)})
             deleted = False
         if not deleted:  # it will come back, find its output and end as a duplicate
             log.warning("delete not confirmed", extra=self._ids(held))
@@ -325,7 +325,9 @@ class Pipeline:
 
     def _rejected(self, held: Held, detail: str) -> None:
         self.metrics.rejections.labels(held.reason).inc()
-        log.info("message rejected: %s", detail, extra=self._ids(held))
+        log.info(
+            "message rejected", extra=self._ids(held) | {"reason": held.reason, "detail": detail}
+        )
 
     def retry_delay_s(self, receive_count: int) -> int:
         """The visibility delay of a retry: doubles with each receive of the message."""
@@ -344,13 +346,15 @@ class Pipeline:
                 return await self._reject(held, RETRIES_EXHAUSTED, error)
             except Exception as exc:  # then the redrive policy moves it after all
                 held.reason = reason
-                log.warning("could not copy to the DLQ: %s", exc, extra=self._ids(held))
+                log.warning(
+                    "could not copy to the DLQ", extra=self._ids(held) | {"error": str(exc)}
+                )
         held.outcome = Outcome.RETRIED
         delay = self.retry_delay_s(held.message.receive_count)
         try:
             await asyncio.shield(self.queue.set_visibility(held.message, delay))
         except Exception as exc:  # then it comes back when its current visibility lapses
-            log.warning("could not set retry delay: %s", exc, extra=self._ids(held))
+            log.warning("could not set retry delay", extra=self._ids(held) | {"error": str(exc)})
         return Outcome.RETRIED
 
     async def _settle_cancelled(self, held: Held) -> Outcome:
@@ -369,7 +373,7 @@ class Pipeline:
         try:
             await self.queue.set_visibility(held.message, 0)
         except Exception as exc:  # it becomes visible again when its timeout lapses
-            log.warning("could not hand back message: %s", exc, extra=self._ids(held))
+            log.warning("could not hand back message", extra=self._ids(held) | {"error": str(exc)})
         return Outcome.RELEASED
 
     @staticmethod

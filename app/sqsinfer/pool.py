@@ -129,7 +129,10 @@ class InferencePool:
                 f"inference process died {_SPAWN_ATTEMPTS} times while loading "
                 f"{self.config.model_path} (out of memory?)"
             )
-        log.debug("process %d ready pid=%d warmup_s=%.4f", slot.index, slot.pid, info["warmup_s"])
+        log.debug(
+            "pool process ready",
+            extra={"slot": slot.index, "pid": slot.pid, "warmup_s": round(info["warmup_s"], 4)},
+        )
 
     async def _spawn_once(self) -> tuple[ProcessPoolExecutor, dict[str, Any]]:
         c = self.config
@@ -182,6 +185,10 @@ class InferencePool:
     def usable(self) -> bool:
         """False once some process could not be restarted: the pod should be replaced."""
         return not self._closing and all(s.failures < _UNUSABLE_AFTER for s in self.slots)
+
+    def pids(self) -> dict[int, int]:
+        """Slot index -> pid of each live inference process."""
+        return {s.index: s.pid for s in self.slots if s.executor is not None and s.pid}
 
     def _update_ready(self) -> None:
         self.metrics.processes_ready.set(self.ready_count)

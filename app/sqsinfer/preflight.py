@@ -175,7 +175,7 @@ class Preflight:
             # A policy may grant object access without s3:ListBucket: 403 is not "missing".
             if http_status(exc) != 403:
                 raise
-            log.warning("cannot list bucket %s (403); continuing", bucket)
+            log.warning("cannot list bucket (403), continuing", extra={"bucket": bucket})
 
     async def _ask(self, setting: str, what: str, call: Callable[[], Awaitable[T]]) -> T:
         """Call until it answers; fail at once on a problem that will not pass."""

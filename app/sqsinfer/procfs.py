@@ -47,3 +47,15 @@ def alive(pid: int, started: int = 0) -> bool:
     if fields is None or fields[_STATE] in _DEAD_STATES:
         return False
     return not started or int(fields[_START_TIME]) == started
+
+
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def rss_bytes(pid: int) -> int | None:
+    """The process's resident memory, or None when it is gone (or there is no /proc)."""
+    try:
+        with open(f"{_PROC}/{pid}/statm", "rb") as fh:
+            return int(fh.read().split()[1]) * _PAGE_BYTES
+    except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
+        return None

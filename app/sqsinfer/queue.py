@@ -129,7 +129,12 @@ class Batcher:
         ok = {item["Id"] for item in response.get("Successful", [])}
         for failed in response.get("Failed", []):
             log.warning(
-                "%s entry failed: %s %s", self.name, failed.get("Code"), failed.get("Message")
+                "batch entry failed",
+                extra={
+                    "call": self.name,
+                    "code": failed.get("Code"),
+                    "error": failed.get("Message"),
+                },
             )
         for i, (_, future) in enumerate(batch):
             if not future.done():
@@ -217,7 +222,7 @@ class SqsQueue:
         try:
             response = await asyncio.wait_for(call, timeout_s)
         except Exception as exc:  # a timeout too: then the call was cancelled
-            log.debug("extension call failed: %r", exc)
+            log.debug("extension call failed", extra={"error": repr(exc)})
             return results | {m: Extension.RETRY for m in held}
         finally:
             self._forget(call, held)
@@ -282,7 +287,8 @@ def _extension_results(held: list[Message], response: dict[str, Any]) -> dict[Me
         if failed.get("SenderFault"):
             results[held[int(failed["Id"])]] = Extension.REFUSED
         log.warning(
-            "visibility extension entry failed: %s %s", failed.get("Code"), failed.get("Message")
+            "visibility extension entry failed",
+            extra={"code": failed.get("Code"), "error": failed.get("Message")},
         )
     return results
 

@@ -100,6 +100,6 @@ def _remove(path: str) -> int | None:
     except FileNotFoundError:  # another worker starting alongside swept it first
         return None
     except PermissionError as exc:
-        log.warning("cannot sweep %s: %s", path, exc)
+        log.warning("cannot sweep", extra={"path": path, "error": str(exc)})
         return None
     return info.st_size

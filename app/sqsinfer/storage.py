@@ -68,7 +68,7 @@ class Segments:
             self._free.remove(best)
             if shm_names.exists(best.name):
                 return best
-            log.warning("kept segment %s lost its name; replaced", best.name)
+            log.warning("kept segment lost its name, replaced", extra={"segment": best.name})
             _destroy(best)
         if self._free:
             # Trade a kept segment for the new one, so that segments in use plus kept never
@@ -189,7 +189,7 @@ class Storage:
             except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, OSError) as exc:
                 if attempt + 1 == _BODY_ATTEMPTS:
                     raise
-                log.debug("GET body of %s broke off (%s); again", uri, exc)
+                log.debug("GET body broke off, again", extra={"uri": str(uri), "error": str(exc)})
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _get_shared_once(self, uri: S3Uri, max_bytes: int) -> SharedInput:
@@ -249,7 +249,9 @@ class Storage:
                     return None
                 if code != "ConditionalRequestConflict" or attempt == _CONFLICT_RETRIES:
                     raise
-                log.debug("conditional put conflict on %s, attempt %d", uri, attempt + 1)
+                log.debug(
+                    "conditional put conflict", extra={"uri": str(uri), "attempt": attempt + 1}
+                )
                 await asyncio.sleep(_CONFLICT_BACKOFF.delay_s(attempt))
         raise AssertionError("unreachable")  # pragma: no cover
 

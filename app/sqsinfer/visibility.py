@@ -90,7 +90,7 @@ class VisibilityKeeper:
             self.discard(message)
         for message in [m for m in self._deadlines if now - m.received_at >= self.max_task_time_s]:
             self.discard(message)
-            log.warning("task over max time, abandoning message_id=%s", message.message_id)
+            log.warning("task over max time, abandoned", extra={"message_id": message.message_id})
             self.on_expired(message)
         due = sorted(
             (
@@ -121,7 +121,7 @@ class VisibilityKeeper:
                 await asyncio.sleep(min(_RETRY_BACKOFF.delay_s(attempt), left_s / 4))
                 attempt += 1
             for message in self._held(pending):
-                log.warning("could not extend visibility message_id=%s", message.message_id)
+                log.warning("visibility not extended", extra={"message_id": message.message_id})
         finally:
             self._extending.difference_update(batch)
 
@@ -146,6 +146,8 @@ class VisibilityKeeper:
             elif result == Extension.RETRY:
                 retry.append(message)
             elif result == Extension.REFUSED:
-                log.warning("extension refused message_id=%s", message.message_id)
+                log.warning(
+                    "visibility extension refused", extra={"message_id": message.message_id}
+                )
         self.metrics.visibility_extensions.inc(extended)
         return retry

@@ -21,7 +21,7 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from sqsinfer import config, shm
+from sqsinfer import __version__, config, shm
 from sqsinfer.aws import Clients, open_clients
 from sqsinfer.backoff import Backoff
 from sqsinfer.health import HealthServer
@@ -66,6 +66,8 @@ class Worker:
             ),
             self.metrics,
         )
+        self.metrics.in_flight_limit.set(settings.in_flight_limit)
+        self.metrics.child_rss.pids = self.pool.pids
         # Receive once the held messages are down to one per process, not at every freed
         # slot: the processes still have work, and a receive then brings several
         # messages instead of one (each SQS call costs the pod milliseconds of CPU).
@@ -119,6 +121,8 @@ class Worker:
     async def startup(self, clients: Clients) -> Pipeline:
         s = self.settings
         log.info("starting", extra={"settings": config.describe(s)})
+        for client in (clients.s3, clients.sqs, clients.sqs_single_attempt):
+            self.metrics.count_aws_calls(client)
         await asyncio.to_thread(shm.sweep)  # what workers killed before this one left
         queue = SqsQueue(clients.sqs, s.queue_url)
         found = await Preflight(s, clients, self._exit_requested).run()
@@ -128,6 +132,7 @@ class Worker:
             self.pool.config, model_path=found.model.path, model_sha256=found.model.sha256
         )
         await self.pool.start()
+        self.metrics.running(__version__, found.model.sha256, s.handler)
         self._background.append(asyncio.create_task(self.pool.watch(), name="pool-watch"))
         log.info(
             "pool ready",
@@ -204,8 +209,7 @@ class Worker:
             messages = receive.result()
         except (TimeoutError, ClientError, BotoCoreError, OSError) as exc:
             self.last_receive_ok = False
-            self.metrics.aws_errors.labels("ReceiveMessage").inc()
-            log.warning("receive failed: %s", exc)
+            log.warning("receive failed", extra={"error": str(exc)})
             return None
         self.last_receive_ok = True
         self.metrics.observe(Phase.RECEIVE, time.perf_counter() - started)

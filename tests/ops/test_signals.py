@@ -14,6 +14,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from sqsinfer import __version__
 from sqsinfer.lab import synthetic
 from sqsinfer.logs import JsonFormatter
 from sqsinfer.metrics import Metrics, Phase
@@ -138,6 +139,21 @@ async def test_every_metric_is_exposed_after_a_run(stage: Stage, make_settings):
     assert value("sqsinfer_processes_ready") == 1
     for counter in ("pool_rebuilds", "visibility_extensions", "chain_duplicates"):
         assert value(f"sqsinfer_{counter}_total") == 0
+    # What a platform team reads: the process, each child, what runs, utilisation, errors.
+    assert value("process_resident_memory_bytes") > 10e6
+    assert value("process_open_fds") > 0
+    assert value("python_info") == 1
+    assert value("sqsinfer_child_rss_bytes", slot="0") > 10e6
+    assert (
+        value("sqsinfer_info", version=__version__, model_sha256=worker.pool.config.model_sha256)
+        == 1
+    )
+    assert value("sqsinfer_in_flight_limit") == worker.settings.in_flight_limit
+    assert value("sqsinfer_aws_requests_total", operation="ReceiveMessage") >= 1
+    assert value("sqsinfer_aws_requests_total", operation="PutObject") >= 1
+    assert value("sqsinfer_aws_errors_total", operation="PutObject") == 0
+    assert value("sqsinfer_rejections_total", reason="output_conflict") == 0  # shown at 0
+    assert "_created" not in text
 
 
 # -- the dashboard --------------------------------------------------------------------
@@ -168,8 +184,9 @@ def test_dashboard_uses_only_exposed_metrics_and_labels():
     problems = {expr: promql.unknown(_query(expr)) for expr in exprs}
     assert {e: p for e, p in problems.items() if p} == {}
     used = {s.name for expr in exprs for s in promql.selectors(_query(expr))}
-    # every metric family of the worker has a panel
-    names = set(promql.exposed_metrics())
+    # every metric family of the worker has a panel (the client library's standard process
+    # and platform series are there to be queried, not each charted)
+    names = {n for n in promql.exposed_metrics() if not n.startswith(("process_", "python_"))}
     families = {re.sub(r"_(total|bucket|count|sum|created)$", "", n) for n in names}
     assert families <= {re.sub(r"_(total|bucket|count|sum)$", "", n) for n in used}
     # resources and KEDA's view of the queue, next to the worker's own figures

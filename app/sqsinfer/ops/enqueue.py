@@ -248,7 +248,10 @@ class Enqueuer:
             return await self.storage.head(uri) is not None
         except (ClientError, BotoCoreError, OSError) as exc:
             # Sending is the safe answer: the worker's own HEAD skips a finished task.
-            log.warning("cannot check %s, sending the task: %s", uri, exc)
+            log.warning(
+                "cannot check the output, sending the task",
+                extra={"uri": str(uri), "error": str(exc)},
+            )
             return False
 
     async def _send(self, batch: list[Entry]) -> None:

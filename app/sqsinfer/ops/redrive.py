@@ -188,7 +188,10 @@ class Redriver:
                 self.report.skipped[reason] += 1
             elif not target or target == self.options.dlq_url:  # never back into itself
                 self.report.no_target += 1
-                log.warning("no target for message %s (%s)", message.message_id, reason)
+                log.warning(
+                    "no target for message",
+                    extra={"message_id": message.message_id, "reason": reason},
+                )
             elif self.options.max_messages and planned >= self.options.max_messages:
                 continue  # over the limit: released untouched
             elif self.options.dry_run:
@@ -214,7 +217,9 @@ class Redriver:
         self.report.failed += len(messages) - len(sent)
         for m, ok in zip(messages, sent_ok, strict=True):
             if ok is not True:
-                log.warning("not sent to %s: message %s: %s", target, m.message_id, ok)
+                log.warning(
+                    "not sent", extra={"queue": target, "message_id": m.message_id, "error": ok}
+                )
         deletes = await asyncio.gather(*(self.dlq.delete(m) for m in sent), return_exceptions=True)
         for message, deleted in zip(sent, deletes, strict=True):
             reason = reason_of(message)
@@ -239,7 +244,8 @@ class Redriver:
             lost_hold += (await self.dlq.change_visibility_many(chunk, 0)).count(False)
         if lost_hold:  # they come back by themselves when the hold lapses
             log.warning(
-                "%d messages not released; visible again in %d s", lost_hold, self.options.hold_s
+                "messages not released, visible again when their hold lapses",
+                extra={"messages": lost_hold, "hold_s": self.options.hold_s},
             )
         await self.dlq.drain()
         self.held.clear()
