@@ -198,8 +198,9 @@ class Metrics:
         if http_response is not None and getattr(http_response, "status_code", 200) >= 400:
             self.aws_errors.labels(model.name).inc()
 
-    def _after_call_error(self, model: Any, **_: Any) -> None:
-        self.aws_errors.labels(model.name).inc()
+    def _after_call_error(self, event_name: str, **_: Any) -> None:
+        # This event carries no operation model: its name ends with the operation's.
+        self.aws_errors.labels(event_name.rsplit(".", 1)[-1]).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

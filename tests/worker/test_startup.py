@@ -11,7 +11,7 @@ from sqsinfer.lab import standin
 from sqsinfer.lab.faults import FaultPlan, FaultProxy
 from sqsinfer.preflight import StartupError
 from sqsinfer.worker import Worker
-from tests.conftest import Stage, eventually, outcome_count
+from tests.conftest import Stage, eventually, outcome_count, sample
 
 
 async def _status(url: str) -> int:
@@ -34,6 +34,13 @@ async def test_an_endpoint_down_at_start_is_waited_for(stage: Stage, make_settin
         assert not serving.done()
         assert await _status(base + "/readyz") == 503
         assert await _status(base + "/livez") == 200
+
+        # Calls that got no answer at all are counted as failed calls, by operation.
+        def calls(name: str) -> float:
+            return sample(worker.metrics, name, operation="GetQueueAttributes")
+
+        await eventually(lambda: calls("sqsinfer_aws_errors_total") >= 1)
+        assert calls("sqsinfer_aws_requests_total") >= calls("sqsinfer_aws_errors_total")
         await proxy.start()  # the endpoint comes back
         await eventually(lambda: worker.ready, timeout_s=60)
         assert await _status(base + "/readyz") == 200
