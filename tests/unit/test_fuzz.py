@@ -258,6 +258,19 @@ def test_any_columns_in_params(columns, suffix):
     )
 
 
+def test_a_json_array_cut_short_is_refused_however_long_its_last_row():
+    """The outer array's `]` must close its `[`: a document cut after a row's `]` is
+    not whole, also when that row is longer than a decoding window."""
+    row = ",".join(["1"] * 70_000)  # 140 KB: read in pieces
+    for doc in (f"[[{row}],[{row}]", f"[[{row}]", "[[1,2],[3,4]"):
+        try:
+            array = formats.decode(memoryview(doc.encode()), "json", 1 << 30)
+        except InputError as rejected:
+            assert rejected.reason == "undecodable_input"
+        else:
+            raise AssertionError(f"a truncated document was read as {array.shape}")
+
+
 def test_decoded_arrays_are_bounded_before_they_are_built():
     huge_header = _npy(np.zeros((1, 1), np.float32)).replace(b"(1, 1)", b"(99999999, 999)")
     with_data = huge_header + b"\x00" * 64
