@@ -224,6 +224,7 @@ def _format(
     suffixes: tuple[str, ...],
     rules: MessageRules,
 ) -> formats.Format:
+    """The format a key's suffix names, when this worker can read or write it."""
     if found is None:
         raise MessageRejected(
             "unsupported_format",
