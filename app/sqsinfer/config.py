@@ -83,7 +83,7 @@ class Settings:
     allowed_output_prefixes: tuple[S3Uri, ...] = _opt(
         (), "comma-separated s3:// prefixes outputs may be written under; default: output prefix"
     )
-    output_format: str = _opt("npy", "format of derived output keys: npy or json")
+    output_format: str = _opt("npy", "format of derived output keys: npy, json or parquet")
     processes: int = _opt(0, "inference processes; 0 = the CPUs this container may use", int)
     threads_per_process: int = _opt(1, "threads each process gives the model", int)
     prefetch: int = _opt(2, "in-flight messages per process (download while computing)", int)
@@ -237,6 +237,8 @@ def _check_outputs(s: Settings, _: bool) -> None:
         "output_format",
         "must be one of " + ", ".join(formats.OUTPUT_NAMES),
     )
+    missing = formats.named(s.output_format).missing
+    _require(not missing, "output_format", f"is {s.output_format}, but {missing}")
     if s.output_prefix is not None:
         _require(
             any(s.output_prefix.within(p) for p in s.allowed_output_prefixes),

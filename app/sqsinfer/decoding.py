@@ -193,13 +193,14 @@ class _Cut(enum.Enum):
 
 
 def _frames(
-    buf: memoryview, start: int, stop: int, ends: tuple[bytes, ...]
+    buf: memoryview, start: int, stop: int, ends: tuple[bytes, ...], unclosed: str = ""
 ) -> Iterator[tuple[_Cut, bytes]]:
     """The text in [start, stop) a window at a time, cut where records end.
 
     A window holding a record's end yields the whole records in it (with their
     terminators); one that does not is inside a long record and yields a piece cut
-    before its last comma (the comma is dropped), until the record's end.
+    before its last comma (the comma is dropped), until the record's end. A long record
+    that reaches `stop` without its end is refused with `unclosed` when it is given.
     """
     pos, inside = start, False
     while pos < stop:
@@ -207,6 +208,8 @@ def _frames(
         final = pos + len(window) >= stop
         if inside:
             at, after = _first_end(window, ends)
+            if at < 0 and final and unclosed:
+                raise InputError("undecodable_input", unclosed)
             if at >= 0 or final:
                 yield _Cut.LAST, window[: at if at >= 0 else len(window)]
                 pos, inside = pos + (after if at >= 0 else len(window)), False
@@ -487,7 +490,8 @@ def decode_json(buf: memoryview, max_bytes: int) -> np.ndarray:
 def _json_rows(buf: memoryview, first: int, stop: int, rows: _Rows) -> None:
     """The rows `[..], [..]` in [first, stop): windows cut after a row's `]`."""
     after_row = False  # a comma must come next
-    for cut, text in _frames(buf, first, stop, (b"]",)):
+    # A row's `]` ends it: one missing, the document was cut short after another row's.
+    for cut, text in _frames(buf, first, stop, (b"]",), "invalid JSON: a row is not closed"):
         starts = cut is _Cut.RECORDS or not rows.pieces  # a row begins in it
         body = _json_separator(text, after_row) if starts else text
         if cut is _Cut.RECORDS:

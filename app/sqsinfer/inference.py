@@ -211,10 +211,15 @@ def checked_predictions(predictions: object, n_rows: int) -> np.ndarray:
     return predictions
 
 
-def _compute(buf: memoryview, input_format: str, output_format: str) -> dict[str, Any]:
+def _compute(
+    buf: memoryview,
+    input_format: str,
+    output_format: str,
+    options: formats.InputOptions = formats.NO_OPTIONS,
+) -> dict[str, Any]:
     state = _state()
     t0 = time.perf_counter()
-    array = formats.decode(buf, input_format, state.max_decoded_bytes)
+    array = formats.decode(buf, input_format, state.max_decoded_bytes, options)
     t1 = time.perf_counter()
     try:
         predictions = checked_predictions(state.handler.predict(array), array.shape[0])
@@ -233,8 +238,16 @@ def _compute(buf: memoryview, input_format: str, output_format: str) -> dict[str
     }
 
 
-def run_task(shm_name: str, size: int, input_format: str, output_format: str) -> dict[str, Any]:
+def run_task(
+    shm_name: str,
+    size: int,
+    input_format: str,
+    output_format: str,
+    options: formats.InputOptions = formats.NO_OPTIONS,
+) -> dict[str, Any]:
     """Decode the input in shared memory, predict, encode. Returns the encoded output.
+
+    `options` are the message's reading choices, parsed into plain strings by the parent.
 
     The input array is a zero-copy view of the shared memory, so every reference to
     it (including those held by a traceback's frames) must be gone before the memory
@@ -246,7 +259,7 @@ def run_task(shm_name: str, size: int, input_format: str, output_format: str) ->
     buf = whole[:size]
     failure: Exception | None = None
     try:
-        result = _compute(buf, input_format, output_format)
+        result = _compute(buf, input_format, output_format, options)
     except InputError as exc:
         failure = InputError(exc.reason, exc.detail)
     except Exception as exc:  # a handler bug: report it without its frames

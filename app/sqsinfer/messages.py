@@ -143,6 +143,7 @@ class Task:
     input_format: str
     output_format: str
     params: dict[str, Any] = field(default_factory=dict)
+    input_options: formats.InputOptions = formats.NO_OPTIONS  # from params, checked
 
 
 @dataclass(frozen=True)
@@ -156,6 +157,9 @@ class MessageRules:
     max_message_bytes: int = SQS_DEFAULT_MAX_MESSAGE_BYTES
     # The dead-letter queue's MaximumMessageSize: a rejected message's copy is cut to fit.
     dead_letter_max_bytes: int = SQS_DEFAULT_MAX_MESSAGE_BYTES
+    # Refuse formats whose package is not installed in this process (the worker). A tool
+    # that checks messages for a worker elsewhere cannot know what that worker has.
+    require_installed_formats: bool = True
 
 
 def _field_uri(doc: dict[str, Any], name: str) -> S3Uri:
@@ -213,6 +217,25 @@ def _load_document(body: str | bytes, rules: MessageRules) -> dict[str, Any]:
     return doc
 
 
+def _format(
+    found: formats.Format | None,
+    what: str,
+    uri: S3Uri,
+    suffixes: tuple[str, ...],
+    rules: MessageRules,
+) -> formats.Format:
+    """The format a key's suffix names, when this worker can read or write it."""
+    if found is None:
+        raise MessageRejected(
+            "unsupported_format",
+            f"{what} suffix {uri.suffix or '(none)'!r}; expected one of " + ", ".join(suffixes),
+        )
+    missing = found.missing if rules.require_installed_formats else ""
+    if missing:
+        raise MessageRejected("unsupported_format", f"{what} {uri}: {missing}")
+    return found
+
+
 def parse_task(body: str | bytes, rules: MessageRules) -> Task:
     """Parse and validate one message body into a Task, or raise MessageRejected."""
     doc = _load_document(body, rules)
@@ -220,25 +243,21 @@ def parse_task(body: str | bytes, rules: MessageRules) -> Task:
     source = _field_uri(doc, "input")
     if not any(source.within(p) for p in rules.allowed_input_prefixes):
         raise MessageRejected("input_not_allowed", f"{source} is outside the allowed prefixes")
-    input_format = formats.for_input(source.suffix)
-    if input_format is None:
-        raise MessageRejected(
-            "unsupported_format",
-            f"input suffix {source.suffix or '(none)'!r}; expected one of "
-            + ", ".join(formats.INPUT_SUFFIXES),
-        )
+    input_format = _format(
+        formats.for_input(source.suffix), "input", source, formats.INPUT_SUFFIXES, rules
+    )
     target = _output_uri(doc, task_id, rules)
-    output_format = formats.for_output(target.suffix)
-    if output_format is None:
-        raise MessageRejected(
-            "unsupported_format",
-            f"output suffix {target.suffix or '(none)'!r}; expected one of "
-            + ", ".join(formats.OUTPUT_SUFFIXES),
-        )
+    output_format = _format(
+        formats.for_output(target.suffix), "output", target, formats.OUTPUT_SUFFIXES, rules
+    )
     params = doc.get("params", {})
     if not isinstance(params, dict):
         raise MessageRejected("invalid_field", "params must be a JSON object")
-    return Task(task_id, source, target, input_format.name, output_format.name, params)
+    try:
+        options = formats.input_options(params, input_format)
+    except ValueError as exc:
+        raise MessageRejected("invalid_field", str(exc)) from None
+    return Task(task_id, source, target, input_format.name, output_format.name, params, options)
 
 
 def next_stage_body(task: Task) -> bytes:
@@ -247,7 +266,9 @@ def next_stage_body(task: Task) -> bytes:
     `params` are the producer's own: any string JSON can carry, including characters SQS
     refuses in a message (U+FFFF arrives as the escape `\\uffff`, which SQS accepts, and
     decodes to a character it does not). Escaping everything beyond ASCII makes every
-    next-stage body sendable and hands the params on unchanged.
+    next-stage body sendable and hands the params on unchanged, but for `columns`: it
+    chose this stage's input columns, and the next stage reads this stage's output.
     """
-    doc = {"task_id": task.task_id, "input": str(task.output), "params": task.params}
+    params = {k: v for k, v in task.params.items() if k != "columns"}
+    doc = {"task_id": task.task_id, "input": str(task.output), "params": params}
     return json.dumps(doc, ensure_ascii=True, separators=(",", ":")).encode("ascii")

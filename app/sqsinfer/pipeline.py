@@ -249,7 +249,12 @@ class Pipeline:
             held.step = Step.COMPUTING
             began = time.perf_counter()
             result = await lease.run(
-                inference.run_task, shm_name, size, task.input_format, task.output_format
+                inference.run_task,
+                shm_name,
+                size,
+                task.input_format,
+                task.output_format,
+                task.input_options,
             )
         total = time.perf_counter() - began
         for phase in (Phase.DECODE, Phase.INFER, Phase.ENCODE):

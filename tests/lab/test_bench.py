@@ -5,9 +5,11 @@ These tests check that the benchmark runs and reports; they never assert a speed
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -65,6 +67,73 @@ def test_quick_run_reports_every_scenario_with_a_stable_shape(tmp_path):
     machine = found["machine"]
     assert machine["cpus"] >= 1 and machine["python"] and "numpy" in machine["packages"]
     assert "sqsinfer" in done.stdout and "tasks/s" in done.stdout
+
+
+def test_quick_run_with_the_onnx_handler(tmp_path):
+    """The same worker and compute-only runs on an ONNX model: a second model kind."""
+    out = tmp_path / "out"
+    argv = [sys.executable, "-m", "sqsinfer", "bench", "--quick", "--handler", "onnx"]
+    argv += ["--scenarios", "compute-only,sqsinfer", "--out-dir", str(out)]
+    argv += ["--cache-dir", str(tmp_path / "cache")]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=170, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    found = json.loads((out / "bench-quick-onnx.json").read_text())
+    assert found["settings"]["handler"] == "onnx"
+    assert found["workload"]["description"].startswith("ONNX MLP, hidden layers 128 x 128")
+    assert set(found["scenarios"]) == {"compute-only", "sqsinfer"}
+    for name, result in found["scenarios"].items():
+        assert "error" not in result, (name, result.get("error"))
+        assert result["tasks"] > 0 and result["phases_ms"]["infer"] > 0, name
+    assert found["ratios"]["efficiency"] is not None
+    assert found["pool_startup"]["median_s"] > 0
+    assert "ONNX MLP" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("handler", "asked", "error"),
+    [
+        ("xgboost", "", None),
+        ("onnx", "", None),
+        ("onnx", "compute-only,naive", "naive run(s) XGBoost itself, not --handler onnx"),
+        ("xgboost", "bogus", "unknown scenario(s) bogus"),
+    ],
+)
+def test_the_onnx_handler_runs_the_scenarios_that_use_the_workers_handler(handler, asked, error):
+    from sqsinfer.bench import command
+
+    args = argparse.Namespace(handler=handler, scenarios=asked)
+    if error is not None:
+        with pytest.raises(SystemExit, match=re.escape(error)):
+            command._scenarios(args)
+        return
+    names = {s.name for s in command._scenarios(args)}
+    assert names == (
+        SCENARIOS if handler == "xgboost" else {"compute-only", "sqsinfer", "emulator-ceiling"}
+    )
+
+
+def test_the_onnx_model_is_the_mlp_it_describes(tmp_path):
+    """MatMul, Add and Relu layers of the regime's widths: ONNX Runtime's predictions are
+    a forward pass through its own weights."""
+    import onnx
+    from onnx import numpy_helper
+
+    from sqsinfer.handlers.onnx_impl import OnnxHandler
+
+    regime = dataclasses.replace(workload.REGIMES["quick"], features=6, mlp_hidden=(5, 4))
+    described, path = workload.for_handler(regime, "onnx", seed=3, cache_dir=str(tmp_path))
+    assert workload.onnx_model_path(regime, 3, str(tmp_path)) == path  # cached
+    assert "hidden layers 5 x 4" in described.description
+    weights = {t.name: numpy_helper.to_array(t) for t in onnx.load(path).graph.initializer}
+    assert [weights[f"W{i}"].shape for i in range(3)] == [(6, 5), (5, 4), (4, 1)]
+    rows = np.random.default_rng(0).standard_normal((7, 6)).astype(np.float32)
+    expected = rows
+    for i in range(3):
+        expected = expected @ weights[f"W{i}"] + weights[f"B{i}"]
+        expected = np.maximum(expected, 0) if i < 2 else expected
+    handler = OnnxHandler()
+    handler.load(path, 1)
+    np.testing.assert_allclose(handler.predict(rows), expected, rtol=1e-5, atol=1e-5)
 
 
 def test_regime_names_on_the_command_line_match_the_workloads():

@@ -171,7 +171,7 @@ async def test_ten_thousand_line_manifest_streams_with_bounded_concurrency():
         1234: _task(1234, task_id="bad id").encode(),
         5000: json.dumps({"task_id": "x", "input": "s3://elsewhere/in/x.npy"}).encode(),
         7000: b"   ",
-        9999: _task(9999, input=f"s3://{BUCKET}/in/9999.parquet").encode(),
+        9999: _task(9999, input=f"s3://{BUCKET}/in/9999.xlsx").encode(),
     }
     lines = _big_manifest(10_000, bad)
     read = [0]

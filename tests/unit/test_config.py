@@ -60,7 +60,7 @@ def test_available_cpus_respects_affinity():
         ({"SQSINFER_PROCESSES": "-1"}, "SQSINFER_PROCESSES"),
         ({"SQSINFER_PREFETCH": "0"}, "SQSINFER_PREFETCH"),
         ({"SQSINFER_WAIT_TIME_S": "25"}, "SQSINFER_WAIT_TIME_S"),
-        ({"SQSINFER_OUTPUT_FORMAT": "parquet"}, "SQSINFER_OUTPUT_FORMAT"),
+        ({"SQSINFER_OUTPUT_FORMAT": "xml"}, "SQSINFER_OUTPUT_FORMAT"),
         ({"SQSINFER_MODEL_SHA256": "abc"}, "SQSINFER_MODEL_SHA256"),
         ({"SQSINFER_HANDLER": "not a path"}, "SQSINFER_HANDLER"),
         ({"SQSINFER_LOG_LEVEL": "LOUD"}, "SQSINFER_LOG_LEVEL"),

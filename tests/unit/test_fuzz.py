@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 from sqsinfer import formats
 from sqsinfer.errors import InputError
+from sqsinfer.lab.synthetic import parquet_bytes
 from sqsinfer.messages import (
     OUTPUT_MARKER_RESERVE_BYTES,
     S3_MAX_KEY_BYTES,
@@ -93,7 +94,17 @@ def parse_or_reject(body: str | bytes, rules: MessageRules = RULES) -> None:
     assert task.task_id.isascii() and task.task_id.isprintable()  # it goes in S3 metadata
     forwarded = next_stage_body(task).decode()
     assert unsendable(forwarded, None, 262_144) == []
-    assert orjson.loads(forwarded)["params"] == task.params
+    # Handed on unchanged, but for the columns this stage's input was read with.
+    assert orjson.loads(forwarded)["params"] == {
+        k: v for k, v in task.params.items() if k != "columns"
+    }
+    columns = task.input_options.columns
+    assert columns is None or (
+        task.input_format == "parquet"
+        and columns == tuple(task.params["columns"])
+        and all(type(c) is str and c for c in columns)
+        and len(set(columns)) == len(columns)
+    )
 
 
 @FUZZ
@@ -139,9 +150,11 @@ def test_pathological_bodies():
         parse_or_reject(body)
 
 
-def decode_or_reject(data: bytes, fmt: str) -> None:
+def decode_or_reject(
+    data: bytes, fmt: str, options: formats.InputOptions = formats.NO_OPTIONS
+) -> None:
     try:
-        array = formats.decode(memoryview(data), fmt, MAX_DECODED)
+        array = formats.decode(memoryview(data), fmt, MAX_DECODED, options)
     except InputError as rejected:
         assert rejected.reason in ("undecodable_input", "input_too_large")
         CASES["input rejected"] += 1
@@ -153,7 +166,7 @@ def decode_or_reject(data: bytes, fmt: str) -> None:
 
 
 @FUZZ
-@given(st.binary(max_size=400), st.sampled_from(["npy", "json", "jsonl", "csv"]))
+@given(st.binary(max_size=400), st.sampled_from(["npy", "json", "jsonl", "csv", "parquet"]))
 def test_random_bytes_as_an_input_file(data, fmt):
     decode_or_reject(data, fmt)
 
@@ -189,6 +202,73 @@ def test_rows_of_anything_as_json_and_csv(rows):
     decode_or_reject("\n".join(json.dumps(r) for r in rows).encode(), "jsonl")
     csv = "\n".join(",".join(str(v) for v in r) for r in rows)
     decode_or_reject(csv.encode(), "csv")
+
+
+parquet_columns = st.dictionaries(
+    st.sampled_from(["a", "b", "c", "id", ""]),
+    st.tuples(
+        st.sampled_from(["int8", "int64", "uint32", "float32", "float64", "bool", "string"]),
+        st.booleans(),  # with nulls
+    ),
+    min_size=1,
+    max_size=4,
+)
+
+
+def _parquet_file(columns: dict[str, tuple[str, bool]], rows: int, seed: int) -> bytes:
+    import pyarrow as pa
+
+    rng = np.random.default_rng(seed)
+    made = {}
+    for name, (kind, nulls) in columns.items():
+        values = pa.array(rng.integers(0, 100, rows)).cast(kind)
+        mask = rng.random(rows) < 0.3 if nulls else None
+        made[name] = pa.array(values.to_pylist(), type=values.type, mask=mask)
+    return parquet_bytes(made, row_group_rows=max(1, rows // 3))
+
+
+@FUZZ
+@given(
+    columns=parquet_columns,
+    rows=st.integers(0, 40),
+    named=st.one_of(st.none(), st.lists(st.sampled_from(["a", "b", "c", "id", "x"]), max_size=3)),
+    data=st.data(),
+)
+def test_parquet_files_of_any_columns_damaged_or_not(columns, rows, named, data):
+    raw = bytearray(_parquet_file(columns, rows, seed=rows))
+    for _ in range(data.draw(st.integers(0, 3))):
+        raw[data.draw(st.integers(0, len(raw) - 1))] = data.draw(st.integers(0, 255))
+    cut = data.draw(st.sampled_from([len(raw), data.draw(st.integers(0, len(raw)))]))
+    chosen = tuple(dict.fromkeys(named)) if named else None
+    decode_or_reject(bytes(raw[:cut]), "parquet", formats.InputOptions(chosen))
+
+
+@FUZZ
+@given(
+    columns=st.one_of(
+        json_values, st.lists(st.one_of(st.text(max_size=5), json_values), max_size=4)
+    ),
+    suffix=st.sampled_from([".parquet", ".csv", ".npy"]),
+)
+def test_any_columns_in_params(columns, suffix):
+    parse_or_reject(
+        json.dumps(
+            {"task_id": "t", "input": f"s3://data/in/x{suffix}", "params": {"columns": columns}}
+        )
+    )
+
+
+def test_a_json_array_cut_short_is_refused_however_long_its_last_row():
+    """The outer array's `]` must close its `[`: a document cut after a row's `]` is
+    not whole, also when that row is longer than a decoding window."""
+    row = ",".join(["1"] * 70_000)  # 140 KB: read in pieces
+    for doc in (f"[[{row}],[{row}]", f"[[{row}]", "[[1,2],[3,4]"):
+        try:
+            array = formats.decode(memoryview(doc.encode()), "json", 1 << 30)
+        except InputError as rejected:
+            assert rejected.reason == "undecodable_input"
+        else:
+            raise AssertionError(f"a truncated document was read as {array.shape}")
 
 
 def test_decoded_arrays_are_bounded_before_they_are_built():

@@ -10,6 +10,7 @@ import argparse
 from typing import Any
 
 REGIME_NAMES = ("heavy", "medium", "quick")  # sqsinfer.bench.workload.REGIMES, without numpy
+HANDLERS = ("xgboost", "onnx")  # the model kinds a regime has (sqsinfer.bench.workload)
 
 BENCH_EPILOG = """\
 Scenarios (each on its own fresh queues and bucket of a local moto server):
@@ -24,7 +25,10 @@ examples:
   sqsinfer bench                       # medium and heavy regimes, a few minutes
   sqsinfer bench --quick               # a smoke run in under a minute (asserts no speed)
   sqsinfer bench --regime medium --repeat 3 --plot
-Writes <out-dir>/bench-<regime>.json (and bench.png with --plot; needs matplotlib).
+  sqsinfer bench --handler onnx --regime medium   # an ONNX MLP of the same cost per task
+Writes <out-dir>/bench-<regime>.json (bench-<regime>-onnx.json with --handler onnx; and
+bench.png with --plot, which needs matplotlib). With --handler onnx the scenarios are those
+that run the worker's handler: compute-only, sqsinfer, emulator-ceiling.
 """
 
 
@@ -42,6 +46,12 @@ def add_parser(sub: Any) -> None:
         help="workload regime, repeatable (default: medium and heavy; quick with --quick)",
     )
     p.add_argument("--quick", action="store_true", help="smoke run: small tasks, few of them")
+    p.add_argument(
+        "--handler",
+        choices=HANDLERS,
+        default="xgboost",
+        help="the model kind: XGBoost trees, or an ONNX MLP of the same cost (xgboost)",
+    )
     p.add_argument("--scenarios", default="", help="comma-separated subset (default: all)")
     p.add_argument("--processes", type=int, default=0, help="processes (default: usable CPUs)")
     p.add_argument("--threads-per-process", type=int, default=1, help="model threads (1)")

@@ -45,6 +45,7 @@ def _regimes(args: argparse.Namespace) -> list[workload.Regime]:
 
 
 def _scenarios(args: argparse.Namespace) -> list[runner.Scenario]:
+    """The scenarios asked for (default: all that can run the chosen handler)."""
     wanted = [s.strip() for s in args.scenarios.split(",") if s.strip()]
     unknown = sorted(set(wanted) - set(runner.SCENARIO_NAMES))
     if unknown:
@@ -52,7 +53,14 @@ def _scenarios(args: argparse.Namespace) -> list[runner.Scenario]:
             f"sqsinfer bench: unknown scenario(s) {', '.join(unknown)}; "
             f"choose from {', '.join(runner.SCENARIO_NAMES)}"
         )
-    return [s for s in runner.SCENARIOS if not wanted or s.name in wanted]
+    runnable = [s for s in runner.SCENARIOS if s.any_handler or args.handler == "xgboost"]
+    refused = sorted(set(wanted) - {s.name for s in runnable})
+    if refused:
+        raise SystemExit(
+            f"sqsinfer bench: {', '.join(refused)} run(s) XGBoost itself, not --handler "
+            f"{args.handler}; choose from {', '.join(s.name for s in runnable)}"
+        )
+    return [s for s in runnable if not wanted or s.name in wanted]
 
 
 def _sha256(path: str) -> str:
@@ -71,8 +79,11 @@ def run_regime(
     shared: dict[str, Any],
 ) -> dict[str, Any]:
     cache_dir = args.cache_dir or os.path.expanduser("~/.cache/sqsinfer/bench")
-    _progress(f"regime {regime.name}: preparing the model and {regime.distinct_inputs} inputs")
-    model = workload.model_path(regime, args.seed, cache_dir)
+    _progress(
+        f"regime {regime.name}: preparing the {args.handler} model and "
+        f"{regime.distinct_inputs} inputs"
+    )
+    regime, model = workload.for_handler(regime, args.handler, args.seed, cache_dir)
     ctx = runner.Context(
         regime=regime,
         seed=args.seed,
@@ -87,12 +98,17 @@ def run_regime(
         moto_pid=moto.process.pid,
         profile=args.profile,
         cpus=config.available_cpus(),
+        handler=args.handler,
     )
     if "handoff" not in shared:
         _progress("handoff micro-benchmark (2 MB array)")
-        shared["handoff"] = asyncio.run(handoff.handoff_benchmark(model, _HANDOFF_REPS[args.quick]))
+        shared["handoff"] = asyncio.run(
+            handoff.handoff_benchmark(model, _HANDOFF_REPS[args.quick], args.handler)
+        )
     _progress(f"pool start-up, {ctx.processes} processes")
-    pool = asyncio.run(handoff.pool_startup(model, ctx.processes, _POOL_REPEATS[args.quick]))
+    pool = asyncio.run(
+        handoff.pool_startup(model, ctx.processes, _POOL_REPEATS[args.quick], args.handler)
+    )
     runs = _run_scenarios(args, ctx, moto)
     extras = {
         "quick": bool(args.quick),
@@ -104,6 +120,7 @@ def run_regime(
             "prefetch": ctx.prefetch,
             "queue_depth": ctx.queue_depth,
             "seed": ctx.seed,
+            "handler": ctx.handler,
             "repeat": args.repeat,
             "profiled": bool(args.profile),
         },
@@ -144,7 +161,9 @@ def _run_scenarios(
 
 
 def write_json(out_dir: str, found: dict[str, Any]) -> str:
-    path = os.path.join(out_dir, f"bench-{found['regime']}.json")
+    handler = found["settings"]["handler"]
+    name = found["regime"] + ("" if handler == "xgboost" else f"-{handler}")
+    path = os.path.join(out_dir, f"bench-{name}.json")
     with open(path, "wb") as fh:
         fh.write(orjson.dumps(found, option=orjson.OPT_INDENT_2))
     return path

@@ -106,10 +106,10 @@ async def _time_method(
     }
 
 
-def _pool_config(model_path: str, processes: int) -> PoolConfig:
+def _pool_config(model_path: str, processes: int, handler: str) -> PoolConfig:
     return PoolConfig(
         processes=processes,
-        handler="xgboost",
+        handler=handler,
         model_path=model_path,
         threads=1,
         model_sha256="",
@@ -117,11 +117,11 @@ def _pool_config(model_path: str, processes: int) -> PoolConfig:
     )
 
 
-async def handoff_benchmark(model_path: str, reps: int) -> dict[str, Any]:
+async def handoff_benchmark(model_path: str, reps: int, handler: str) -> dict[str, Any]:
     """Round trip and handoff of a 2 MB array by each method, on a one-process pool."""
     array = synthetic.make_rows(HANDOFF_ROWS, HANDOFF_FEATURES, seed=7)
     data = synthetic.encode_input(array, "npy")
-    pool = InferencePool(_pool_config(model_path, 1))
+    pool = InferencePool(_pool_config(model_path, 1, handler))
     await pool.start()
     try:
         shared = SharedInput(len(data))
@@ -148,11 +148,13 @@ async def handoff_benchmark(model_path: str, reps: int) -> dict[str, Any]:
     }
 
 
-async def pool_startup(model_path: str, processes: int, repeats: int) -> dict[str, Any]:
+async def pool_startup(
+    model_path: str, processes: int, repeats: int, handler: str
+) -> dict[str, Any]:
     """Seconds from spawning the pool to every process warmed up (model loaded, predicted)."""
     times = []
     for _ in range(repeats):
-        pool = InferencePool(_pool_config(model_path, processes))
+        pool = InferencePool(_pool_config(model_path, processes, handler))
         await pool.start()
         times.append(pool.startup_s)
         await pool.close()

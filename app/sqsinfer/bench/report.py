@@ -396,7 +396,9 @@ def plot(reports: list[dict[str, Any]], path: str) -> str:
         ax.set_xlim(0, max(1.35, *(1.35 * r / limit for r in rates)))
         ax.set_xlabel("tasks/s relative to compute-only")
         ceiling = (results.get("emulator-ceiling") or {}).get("tasks_per_s")
-        title = f"{report['regime']}: {report['settings']['processes']} processes"
+        handler = report["settings"].get("handler", "xgboost")
+        title = f"{report['regime']}{'' if handler == 'xgboost' else f' ({handler})'}: "
+        title += f"{report['settings']['processes']} processes"
         if ceiling:
             title += f"; emulator ceiling {ceiling:.1f} tasks/s"
         ax.set_title(title)

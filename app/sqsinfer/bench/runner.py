@@ -58,6 +58,7 @@ class Scenario:
     name: str
     label: str
     uses_queue: bool = True
+    any_handler: bool = True  # False: it runs XGBoost itself, not the worker's handler
 
 
 SCENARIOS: tuple[Scenario, ...] = (
@@ -70,12 +71,18 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario(
         "http-service",
         "async consumer POSTs each input as JSON to N model-service processes (aiohttp)",
+        any_handler=False,
     ),
     Scenario(
         "http-service-load-per-request",
         "the same, with the service loading the model for every request",
+        any_handler=False,
     ),
-    Scenario("naive", "N spawned processes, each: sync boto3, one message at a time, delete each"),
+    Scenario(
+        "naive",
+        "N spawned processes, each: sync boto3, one message at a time, delete each",
+        any_handler=False,
+    ),
     Scenario(
         "emulator-ceiling",
         "the worker's SQS and S3 calls per task with no compute (the stand-in's limit)",
@@ -102,6 +109,7 @@ class Context:
     region: str = "us-east-1"
     max_input_bytes: int = 256 * 2**20
     profile: bool = False  # sample the worker with py-spy during its window
+    handler: str = "xgboost"  # the worker's SQSINFER_HANDLER for this regime's model
     cpus: int = 0  # CPUs the machine gives this run (for the CPU-bound estimate)
 
     def in_flight(self, name: str) -> int:
@@ -151,6 +159,7 @@ def _sqsinfer_env(ctx: Context, res: emulator.Resources, port: int) -> dict[str,
         | {
             "SQSINFER_DLQ_URL": res.dlq_url,
             "SQSINFER_REGION": ctx.region,
+            "SQSINFER_HANDLER": ctx.handler,
             "SQSINFER_PROCESSES": str(ctx.processes),
             "SQSINFER_THREADS_PER_PROCESS": str(ctx.threads),
             "SQSINFER_PREFETCH": str(ctx.prefetch),
@@ -165,7 +174,7 @@ def _child_config(ctx: Context, name: str, res: emulator.Resources | None) -> di
     return {
         "processes": ctx.processes,
         "threads": ctx.threads,
-        "handler": "xgboost",
+        "handler": ctx.handler,
         "model_path": ctx.model_path,
         "regime": ctx.regime.describe(),
         "seed": ctx.seed,

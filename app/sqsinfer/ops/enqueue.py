@@ -27,7 +27,7 @@ from typing import IO, Any, Protocol
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from sqsinfer import backoff
+from sqsinfer import backoff, formats
 from sqsinfer.aws import error_code, http_status
 from sqsinfer.messages import S3Uri, parse_prefixes, parse_s3_uri
 from sqsinfer.ops import common
@@ -443,7 +443,7 @@ def _add_rule_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--output-format",
-        choices=("npy", "json"),
+        choices=formats.OUTPUT_NAMES,
         default=env("output_format", "npy"),
         help="suffix of derived output keys (npy) [SQSINFER_OUTPUT_FORMAT]",
     )

@@ -84,6 +84,7 @@ class Validator:
             output_prefix=self.output_prefix or fallback[0],
             output_suffix=self.output_suffix,
             max_message_bytes=self.max_message_bytes,
+            require_installed_formats=False,  # the worker's packages, not this machine's
         )
 
 
