@@ -3,6 +3,10 @@
 #
 #   docker build -t sqsinfer .
 #   docker build -t sqsinfer:stage1 --build-arg MODEL_FILE=models/stage1.ubj .
+#   docker build -t sqsinfer:onnx --build-arg EXTRAS=onnx,parquet .
+#
+# EXTRAS (optional) are the package's extras to install: `onnx` (SQSINFER_HANDLER=onnx)
+# and `parquet` (.parquet inputs and outputs).
 #
 # `python scripts/release.py` writes the release's build command (with VERSION).
 #
@@ -35,7 +39,10 @@ COPY app ./app
 
 # The project depends on xgboost-cpu: the CPU-only wheel, without the CUDA libraries
 # that the plain xgboost wheel pulls in. Fail the build if anything brought those in.
-RUN pip install --no-cache-dir . \
+# (DL3013 asks to pin what pip installs: this is the project itself, pinned by its tree.)
+ARG EXTRAS=""
+# hadolint ignore=DL3013
+RUN pip install --no-cache-dir ".${EXTRAS:+[${EXTRAS}]}" \
     && pip show xgboost-cpu > /dev/null \
     && if pip show xgboost > /dev/null 2>&1; then echo "xgboost (CUDA) installed" >&2; exit 1; fi \
     && if pip freeze | grep -i '^nvidia-'; then echo "CUDA libraries installed" >&2; exit 1; fi \

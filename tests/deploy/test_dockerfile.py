@@ -165,6 +165,16 @@ def test_installs_the_cpu_only_xgboost() -> None:
     (install,) = [a for a in args_of(stages()[0], "RUN") if "pip install" in a]
     assert "pip show xgboost-cpu" in install
     assert "pip show xgboost >" in install  # and fails the build if the CUDA one is there
+    # the extras a build asks for (EXTRAS=onnx,parquet) are what pip installs, or nothing
+    assert 'pip install --no-cache-dir ".${EXTRAS:+[${EXTRAS}]}"' in install
+    # the shell's expansion of that argument, as the build's RUN makes it
+    for extras, spec in (("", "."), ("onnx,parquet", ".[onnx,parquet]")):
+        echo = 'echo ".${EXTRAS:+[${EXTRAS}]}"'
+        env = {"PATH": "/usr/bin:/bin", "EXTRAS": extras}
+        done = subprocess.run(
+            ["bash", "-c", echo], env=env, capture_output=True, text=True, check=True
+        )
+        assert done.stdout.strip() == spec
 
 
 def test_build_context_sends_what_the_build_copies() -> None:
