@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 from sqsinfer import formats
 from sqsinfer.errors import InputError
+from sqsinfer.lab.sqs_rules import sendable_text, unsendable
 from sqsinfer.lab.synthetic import parquet_bytes
 from sqsinfer.messages import (
     OUTPUT_MARKER_RESERVE_BYTES,
@@ -35,7 +36,6 @@ from sqsinfer.messages import (
     parse_task,
 )
 from sqsinfer.queue import REASON_ATTR, Message, dead_letter_copy
-from tests.sqs_rules import sendable_text, unsendable
 from tests.unit.test_inference import npy_claiming
 
 CASES: collections.Counter[str] = collections.Counter()

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from sqsinfer.lab.sqs_rules import message_bytes, unsendable
 from sqsinfer.queue import (
     BODY_TRUNCATED_ATTR,
     DETAIL_ATTR,
@@ -19,7 +20,6 @@ from sqsinfer.queue import (
     dead_letter_attributes,
     dead_letter_copy,
 )
-from tests.sqs_rules import message_bytes, unsendable
 
 
 async def test_entries_are_sent_ten_at_a_time_and_only_successful_ones_count():

@@ -3,7 +3,7 @@
 moto accepts what AWS refuses (characters outside the XML range, messages whose
 attributes push them over the queue's MaximumMessageSize), so these tests run the real
 worker against moto and then hold everything that arrived on the next stage and the
-dead-letter queue to AWS's rules (`tests/sqs_rules.py`).
+dead-letter queue to AWS's rules (`sqsinfer.lab.sqs_rules`).
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from aiohttp import web
 from sqsinfer.aws import open_clients
 from sqsinfer.lab import synthetic
 from sqsinfer.lab.faults import FaultPlan, FaultProxy
+from sqsinfer.lab.sqs_rules import SQS_DEFAULT_MAX_BYTES, unsendable
 from sqsinfer.preflight import Preflight
 from sqsinfer.queue import BODY_TRUNCATED_ATTR, REASON_ATTR
 from tests.conftest import N_FEATURES, Stage, eventually, running
-from tests.sqs_rules import SQS_DEFAULT_MAX_BYTES, unsendable
 from tests.unit.test_inference import npy_claiming
 
 

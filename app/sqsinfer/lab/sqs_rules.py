@@ -2,8 +2,10 @@
 
 moto accepts any character in a message and counts only the body against a queue's
 MaximumMessageSize; AWS (and LocalStack) refuse characters outside the XML 1.0 range
-and count attribute names, types and values too. Tests apply these rules to every
-message that arrived, so a worker that would fail on AWS fails here.
+and count attribute names, types and values too. The tests and the chaos run apply
+these rules to every message a worker sent, so a worker that would fail on AWS fails
+here. Written apart from the worker's own size and character code on purpose: an
+independent reading of the rules, not the same code checking itself.
 """
 
 from __future__ import annotations
