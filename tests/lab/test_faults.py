@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import json
+import time
 
 import numpy as np
 import pytest
@@ -11,7 +13,8 @@ from botocore.exceptions import ClientError
 from sqsinfer.aws import open_clients
 from sqsinfer.handlers.xgboost_impl import XGBoostHandler
 from sqsinfer.lab import synthetic
-from sqsinfer.lab.faults import SDK_ATTEMPTS, FaultPlan, FaultProxy, classify
+from sqsinfer.lab.faults import SDK_ATTEMPTS, FaultPlan, FaultProxy, classify, parse_slow_reads
+from sqsinfer.lab.sqs_rules import SQS_DEFAULT_MAX_BYTES, unsendable
 from tests.conftest import N_FEATURES, Stage, eventually, outcome_count, running
 
 
@@ -132,3 +135,97 @@ async def test_failing_operations_and_delays_are_applied_per_operation(stage: St
     assert proxy.counts == {"sqs:DeleteMessageBatch_500": SDK_ATTEMPTS}
     assert proxy.seen["ReceiveMessage"] == 1
     assert stage.counts(stage.queue_url) == (0, 1)  # not deleted: still in flight
+
+
+async def test_only_extensions_are_held_once_per_message_and_named(stage: Stage, caplog):
+    """A hand-back (visibility below the floor) passes; an extension is held, and its
+    retry (the same receipt handle) is not; the held call's log line names the message."""
+    message_id = stage.send("m")
+    plan = FaultPlan(
+        visibility_delay_s=0.5,
+        visibility_delay_rate=1.0,
+        visibility_delay_min_s=30,
+        visibility_delay_once=True,
+    )
+    proxy = FaultProxy(stage.endpoint, plan)
+    await proxy.start()
+    try:
+        async with open_clients("us-east-1", proxy.url) as clients:
+            got = await clients.sqs.receive_message(QueueUrl=stage.queue_url, WaitTimeSeconds=1)
+            handle = got["Messages"][0]["ReceiptHandle"]
+
+            async def change(seconds: int) -> float:
+                started = time.monotonic()
+                entries = [{"Id": "0", "ReceiptHandle": handle, "VisibilityTimeout": seconds}]
+                answer = await clients.sqs.change_message_visibility_batch(
+                    QueueUrl=stage.queue_url, Entries=entries
+                )
+                assert [e["Id"] for e in answer["Successful"]] == ["0"]
+                return time.monotonic() - started
+
+            assert await change(5) < 0.4  # a hand-back: below the floor, not held
+            assert await change(30) >= 0.5  # an extension: held, then it lands
+            assert await change(30) < 0.4  # this message's calls were held once already
+    finally:
+        await proxy.stop()
+    assert proxy.counts == {"sqs:visibility_delayed": 1}
+    held = [r for r in caplog.records if r.getMessage() == "visibility call held"]
+    assert [(r.message_ids, r.visibility_s) for r in held] == [([message_id], [30])]
+
+
+async def test_slow_reads_hold_only_the_keys_under_their_prefix(stage: Stage):
+    stage.put_input("slow-1.npy", b"slow")
+    stage.put_input("fast-1.npy", b"fast")
+    proxy = FaultProxy(stage.endpoint, FaultPlan(slow_reads={"in/slow-": 0.5}))
+    await proxy.start()
+    try:
+        async with open_clients("us-east-1", proxy.url) as clients:
+            timings = {}
+            for name in ("slow-1.npy", "fast-1.npy"):
+                started = time.monotonic()
+                got = await clients.s3.get_object(Bucket=stage.bucket, Key=f"in/{name}")
+                assert await got["Body"].read() == name.split("-")[0].encode()
+                timings[name] = time.monotonic() - started
+    finally:
+        await proxy.stop()
+    assert timings["slow-1.npy"] >= 0.5 > timings["fast-1.npy"]
+    assert proxy.counts == {"s3:slow_read": 1}
+
+
+async def test_every_message_sent_through_the_proxy_is_recorded_as_sqs_would_get_it(
+    stage: Stage, tmp_path
+):
+    """Characters moto accepts and AWS refuses show in the record, to be held to AWS's rules."""
+    record = tmp_path / "sends.jsonl"
+    proxy = FaultProxy(
+        stage.endpoint, FaultPlan(failing={"SendMessage": 1.0}), record_path=str(record)
+    )
+    await proxy.start()
+    attributes = {"sqsinfer.reason": {"DataType": "String", "StringValue": "why\uffff"}}
+    try:
+        async with open_clients("us-east-1", proxy.url) as clients:
+            with pytest.raises(
+                ClientError, match="InternalError"
+            ):  # refused: recorded all the same
+                await clients.sqs.send_message(
+                    QueueUrl=stage.next_url, MessageBody="a\x00b", MessageAttributes=attributes
+                )
+            await clients.sqs.send_message_batch(
+                QueueUrl=stage.queue_url, Entries=[{"Id": "0", "MessageBody": "fine"}]
+            )
+    finally:
+        await proxy.stop()
+    sent = [json.loads(line) for line in record.read_text().splitlines()]
+    assert sent[0] == {"queue": stage.next_url, "body": "a\x00b", "attributes": attributes}
+    assert len(sent) == 1 + SDK_ATTEMPTS  # the first try and each of the SDK's retries
+    assert sent[-1] == {"queue": stage.queue_url, "body": "fine", "attributes": {}}
+    assert unsendable(sent[0]["body"], sent[0]["attributes"], SQS_DEFAULT_MAX_BYTES) == [
+        "body has characters outside the XML range",
+        "attribute sqsinfer.reason has characters outside the XML range",
+    ]
+
+
+def test_slow_reads_are_given_as_prefix_and_seconds():
+    assert parse_slow_reads(["in/slow-=16", "a=b=1.5"]) == {"in/slow-": 16.0, "a=b": 1.5}
+    with pytest.raises(ValueError, match="PREFIX=SECONDS"):
+        parse_slow_reads(["16"])

@@ -12,8 +12,13 @@ cannot know).
 Targeted rules, for the paths where one fault matters most: `SendMessage` answers
 dropped after SQS took the message (a lost answer whose retry sends it twice), bursts of
 503s on the `.chain` marker PUTs long enough to outlast the SDK's own retries, every
-call of chosen operations failed, fixed delays per operation, and a cap on how often
-each kind of fault is injected.
+call of chosen operations failed, fixed delays per operation, slow reads of chosen
+keys (a task that holds its message for long), and a cap on how often each kind of
+fault is injected.
+
+It can also record every message sent through it (`record_path`: one JSON line per
+message, its queue, body and attributes), so that what a worker sent can be held to
+AWS's rules afterwards, whatever the stand-in behind it accepted.
 """
 
 from __future__ import annotations
@@ -65,10 +70,16 @@ class FaultPlan:
     refuse_credentials: bool = False  # answer everything as AWS does to a bad key
     # Visibility changes held this long before they are forwarded: a stalled call that
     # still takes effect, late. At this rate, for at most `visibility_delay_calls` calls
-    # (0: no limit).
+    # (0: no limit); only calls whose every entry asks for at least
+    # `visibility_delay_min_s` (a keeper's extensions ask for the whole timeout, a
+    # hand-back for less); with `visibility_delay_once`, at most one call per receipt
+    # handle (the retry of a held extension gets through).
     visibility_delay_s: float = 0.0
     visibility_delay_rate: float = 0.0
     visibility_delay_calls: int = 0
+    visibility_delay_min_s: int = 0
+    visibility_delay_once: bool = False
+    slow_reads: dict[str, float] = field(default_factory=dict)  # key prefix -> s per GetObject
     send_drop: float = 0.0  # SendMessage answers dropped after SQS took the message
     send_drop_queue: str = ""  # only sends to a queue whose URL ends in this ("": any)
     marker_failures: float = 0.0  # `.chain` PUTs that start a burst of 503s (once per key)
@@ -89,6 +100,8 @@ class Operation:
     key: str = ""  # S3: the object key
     if_match: bool = False  # S3: a compare-and-swap write (If-Match), not a create
     queue: str = ""  # SQS: the QueueUrl of the request
+    visibility_s: tuple[int, ...] = ()  # SQS visibility changes: each entry's new timeout
+    receipts: tuple[str, ...] = ()  # SQS visibility changes: each entry's receipt handle
 
     @property
     def marker(self) -> bool:
@@ -117,13 +130,42 @@ def classify(method: str, path: str, query: str, headers: Any) -> Operation:
     return Operation("s3", name, conditional, key=key, if_match="If-Match" in headers)
 
 
-def _queue_of(body: bytes) -> str:
-    """The QueueUrl of an SQS JSON-protocol request ("" when there is none)."""
+def _json_object(body: bytes) -> dict[str, Any]:
+    """An SQS JSON-protocol request or answer ({} when it is not a JSON object)."""
     try:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError:
-        return ""
-    return str(doc.get("QueueUrl", "")) if isinstance(doc, dict) else ""
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def sqs_operation(op: Operation, doc: dict[str, Any]) -> Operation:
+    """`op` with what its request names: the queue, and a visibility change's entries."""
+    entries = doc.get("Entries", [doc]) if op.name in VISIBILITY_OPERATIONS else []
+    return dataclasses.replace(
+        op,
+        queue=str(doc.get("QueueUrl", "")),
+        visibility_s=tuple(int(e.get("VisibilityTimeout", 0)) for e in entries),
+        receipts=tuple(str(e.get("ReceiptHandle", "")) for e in entries),
+    )
+
+
+def sent_messages(op: Operation, doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """The messages a SendMessage(Batch) request asks SQS to enqueue."""
+    if op.name == "SendMessage":
+        entries = [doc]
+    elif op.name == "SendMessageBatch":
+        entries = list(doc.get("Entries", []))
+    else:
+        return []
+    return [
+        {
+            "queue": op.queue,
+            "body": entry.get("MessageBody", ""),
+            "attributes": entry.get("MessageAttributes", {}),
+        }
+        for entry in entries
+    ]
 
 
 def _s3_error(status: int, code: str, message: str) -> web.Response:
@@ -153,12 +195,16 @@ class FaultProxy:
     counts: collections.Counter[str] = field(default_factory=collections.Counter)
 
     seen: collections.Counter[str] = field(default_factory=collections.Counter)
+    record_path: str = ""  # every message sent through the proxy, appended as JSON lines
 
     def __post_init__(self) -> None:
         self._rng = random.Random(self.plan.seed)
         self._marker_bursts: dict[str, int] = {}  # marker key -> 503s still to answer
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
+        # Receipt handle -> message id, from the receives: names the messages of a held call.
+        self._receipts: dict[str, str] = {}
+        self._held_receipts: set[str] = set()
 
     @property
     def url(self) -> str:
@@ -266,10 +312,35 @@ class FaultProxy:
             p.visibility_delay_calls
         ):
             return False
+        if min(op.visibility_s, default=0) < p.visibility_delay_min_s:
+            return False
+        if p.visibility_delay_once and self._held_receipts.intersection(op.receipts):
+            return False
         if not self._chance(p.visibility_delay_rate):
             return False
         self.counts["sqs:visibility_delayed"] += 1
+        self._held_receipts.update(op.receipts)
         return True
+
+    async def _hold(self, op: Operation) -> None:
+        """Hold a stalled visibility change, or a slow read, before it is forwarded."""
+        if self._delays(op):
+            ids = [self._receipts.get(r, "?") for r in op.receipts]
+            log.info(
+                "visibility call held",
+                extra={
+                    "message_ids": ids,
+                    "visibility_s": list(op.visibility_s),
+                    "held_s": self.plan.visibility_delay_s,
+                },
+            )
+            await asyncio.sleep(self.plan.visibility_delay_s)
+        if op.name == "GetObject":
+            for prefix, seconds in self.plan.slow_reads.items():
+                if op.key.startswith(prefix):
+                    self.counts["s3:slow_read"] += 1
+                    await asyncio.sleep(seconds)
+                    return
 
     def _allowed(self, op: Operation, kind: str) -> bool:
         """Whether `plan.limits` leaves room for one more fault of this kind."""
@@ -295,22 +366,32 @@ class FaultProxy:
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         op = classify(request.method, request.path, request.query_string, request.headers)
         if op.service == "sqs":
-            op = dataclasses.replace(op, queue=_queue_of(await request.read()))
+            doc = _json_object(await request.read())
+            op = sqs_operation(op, doc)
+            self._write_record(sent_messages(op, doc))
         self.seen[op.name] += 1
         await asyncio.sleep(self.plan.delays_s.get(op.name, 0.0))
         if self.plan.latency_ms > 0 and op.name not in self.plan.spare_operations:
             await asyncio.sleep(self._rng.uniform(0, self.plan.latency_ms) / 1000)
-        if self._delays(op):
-            await asyncio.sleep(self.plan.visibility_delay_s)
+        await self._hold(op)
         injected = self._injected(op)
         if injected is not None:
             return injected
         drop = "" if op.name in self.plan.spare_operations else self._dropped(op)
         status, headers, body = await self._forward(request)
+        if op.name == "ReceiveMessage" and status == 200 and self.plan.visibility_delay_s > 0:
+            for message in _json_object(body).get("Messages", []):
+                self._receipts[message["ReceiptHandle"]] = message["MessageId"]
         if drop:
             self.counts[f"{op.service}:{drop}"] += 1
             return await self._drop(request, status, headers, body)
         return web.Response(status=status, headers=headers, body=body)
+
+    def _write_record(self, messages: list[dict[str, Any]]) -> None:
+        """Every message asked of SQS through the proxy, whether it then got there or not."""
+        if self.record_path and messages:
+            with open(self.record_path, "ab") as fh:  # a few a second: kept simple
+                fh.write(b"".join(orjson.dumps(m) + b"\n" for m in messages))
 
     async def _forward(self, request: web.Request) -> tuple[int, dict[str, str], bytes]:
         assert self._session is not None
@@ -337,9 +418,9 @@ class FaultProxy:
         return response
 
 
-async def serve(target: str, plan: FaultPlan, port: int) -> None:
+async def serve(target: str, plan: FaultPlan, port: int, record_path: str = "") -> None:
     """Run a proxy until cancelled (the `sqsinfer faultproxy` command)."""
-    proxy = FaultProxy(target, plan, port=port)
+    proxy = FaultProxy(target, plan, port=port, record_path=record_path)
     await proxy.start()
     print(f"fault proxy on {proxy.url} -> {target}", flush=True)
     try:
@@ -366,6 +447,17 @@ _RATES = (
     "marker_failures",
     "visibility_delay_s",
     "visibility_delay_rate",
+)
+# The other plan fields the command sets, each from its own option.
+_OPTIONS = (
+    "seed",
+    "send_drop_queue",
+    "marker_burst",
+    "marker_burst_max",
+    "marker_updates_only",
+    "visibility_delay_calls",
+    "visibility_delay_min_s",
+    "visibility_delay_once",
 )
 
 
@@ -397,23 +489,57 @@ def add_parser(sub: Any) -> None:
         action="store_true",
         help="fail only the marker's If-Match rewrites (its 'sent' record), not its creation",
     )
+    p.add_argument(
+        "--visibility-delay-calls",
+        type=int,
+        default=0,
+        help="hold at most this many calls (0: no limit)",
+    )
+    p.add_argument(
+        "--visibility-delay-min-s",
+        type=int,
+        default=0,
+        help="hold only calls whose every entry asks for at least this visibility",
+    )
+    p.add_argument(
+        "--visibility-delay-once",
+        action="store_true",
+        help="hold at most one visibility call per receipt handle",
+    )
+    p.add_argument(
+        "--slow-read",
+        action="append",
+        default=[],
+        metavar="PREFIX=SECONDS",
+        help="hold each GetObject of a key under PREFIX this long (repeatable)",
+    )
+    p.add_argument(
+        "--record-sends", default="", metavar="PATH", help="append every message sent to PATH"
+    )
     p.set_defaults(func=_command)
+
+
+def parse_slow_reads(items: list[str]) -> dict[str, float]:
+    """`PREFIX=SECONDS` items as prefix -> seconds."""
+    found = {}
+    for item in items:
+        prefix, sep, seconds = item.rpartition("=")
+        if not sep or not prefix:
+            raise ValueError(f"--slow-read wants PREFIX=SECONDS, not {item!r}")
+        found[prefix] = float(seconds)
+    return found
 
 
 def _command(args: argparse.Namespace) -> int:
     from sqsinfer import logs
 
     logs.configure("INFO", "json")
-    plan = FaultPlan(
-        seed=args.seed,
-        send_drop_queue=args.send_drop_queue,
-        marker_burst=args.marker_burst,
-        marker_burst_max=args.marker_burst_max,
-        marker_updates_only=args.marker_updates_only,
-        **{name: getattr(args, name) for name in _RATES},
-    )
     try:
         target = check_target(args.target)
+        plan = FaultPlan(
+            slow_reads=parse_slow_reads(args.slow_read),
+            **{name: getattr(args, name) for name in _RATES + _OPTIONS},
+        )
     except ValueError as exc:
         print(f"sqsinfer faultproxy: {exc}", file=sys.stderr)
         return 2
@@ -425,7 +551,7 @@ def _command(args: argparse.Namespace) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, task.cancel)
         with contextlib.suppress(asyncio.CancelledError):
-            await serve(target, plan, args.port)
+            await serve(target, plan, args.port, args.record_sends)
         return 0
 
     return asyncio.run(main())

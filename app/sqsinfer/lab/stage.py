@@ -250,17 +250,27 @@ class WorkerProcess:
         except OSError:
             return False
 
-    def outcomes(self) -> dict[str, float]:
-        """Tasks by outcome so far, from the worker's /metrics."""
+    def metrics_text(self) -> str:
         url = f"http://127.0.0.1:{self.health_port}/metrics"
         with urllib.request.urlopen(url, timeout=5) as response:
-            text = response.read().decode()
+            return str(response.read().decode())
+
+    def outcomes(self) -> dict[str, float]:
+        """Tasks by outcome so far, from the worker's /metrics."""
         found = {}
-        for line in text.splitlines():
+        for line in self.metrics_text().splitlines():
             if line.startswith("sqsinfer_tasks_total{"):
                 outcome = line.split('"')[1]
                 found[outcome] = float(line.rsplit(" ", 1)[1])
         return found
+
+    def counter(self, name: str) -> float:
+        """The sum of a metric's samples (every label) from the worker's /metrics."""
+        total = 0.0
+        for line in self.metrics_text().splitlines():
+            if line.startswith((name + " ", name + "{")):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
 
     def pool_children(self) -> list[psutil.Process]:
         """The worker's inference processes (spawned; not the resource tracker)."""
