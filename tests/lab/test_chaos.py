@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from typing import Any
+
 from sqsinfer.lab import chaos
 
 
@@ -14,23 +17,100 @@ def test_a_small_chaos_run_loses_nothing(capsys):
         send_drop=0.25,  # high enough that 40 tasks meet each targeted fault
         marker_failures=0.25,
         squatters=2,
+        non_xml=1,
+        slow_tasks=1,
+        visibility_delay_calls=2,
         timeout_s=300,
     )
     findings = chaos.run(config)
     report = capsys.readouterr().out
     assert findings.problems == [], report
     figures = findings.figures
-    assert figures["stage1 outputs"] == figures["stage2 outputs"] == 40
-    assert figures["chain links (sent)"] == 40
+    valid = config.tasks + config.slow_tasks + config.non_xml
+    assert figures["stage1 outputs"] == figures["stage2 outputs"] == valid
+    assert figures["chain links (sent)"] == valid
     assert figures["objects overwritten"] == 0
     assert figures["left on queues"] == 0
     assert figures["DLQ entries without a reason"] == 0
     assert figures["DLQ reasons"]["output_conflict"] == 2
+    assert figures["DLQ reasons"]["invalid_field"] == 4  # U+FFFF, U+FFFE, a control character
     assert figures["squatted outputs (untouched / planted)"] == "2 / 2"
+    assert figures["sent messages AWS would refuse"] == 0
+    assert figures["non-XML params handed on intact"] == "1 / 1"
+    assert figures["lapsed while held (then computed again)"] == "0 (0)"
+    assert figures["held through a stalled extension past its lapse"] >= 1
     injected = figures["faults injected"]
     assert injected["sqs:send_dropped"] > 0, injected
     assert injected["s3:marker_503"] > 0, injected
+    assert injected["sqs:visibility_delayed"] == 2, injected
+    assert injected["s3:slow_read"] >= config.slow_tasks, injected
     assert "downstream duplicates (observed / counted)" in figures
     assert "SIGTERM stage1-a: exit 0; restarted" in report
     assert "(no drain); restarted" in report
     assert report.count("SIGKILL inference process") == config.child_kills
+
+
+# -- reading holds and lapses from the logs ---------------------------------------------------
+
+_T0 = 1_800_000_000.0
+
+
+def _line(msg: str, at_s: float, **fields: Any) -> dict[str, Any]:
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(_T0 + at_s))
+    millis = round((_T0 + at_s) % 1 * 1000)
+    return {"ts": f"{stamp}.{millis:03d}Z", "msg": msg, **fields}
+
+
+def _finished(
+    at_s: float, held_s: float, outcome: str, count: int = 1, **more: Any
+) -> dict[str, Any]:
+    return _line(
+        "task finished",
+        at_s,
+        message_id="m",
+        receive_count=count,
+        outcome=outcome,
+        seconds=held_s,
+        phases=more.pop("phases", {"infer": 0.01}),
+        **more,
+    )
+
+
+def test_a_message_received_again_while_held_is_a_lapse():
+    a = chaos.holds("a", [_finished(10.0, 10.0, "committed")])
+    b = chaos.holds("b", [_finished(12.0, 3.0, "duplicate", count=2)])  # received at 9 s
+    found = chaos.lapses(a + b)
+    assert [(held.worker, taken.worker) for held, taken in found] == [("a", "b")]
+    assert found[0][0].received_s == _T0 and found[0][0].let_go_s == _T0 + 10.0
+
+
+def test_a_message_received_again_after_it_was_let_go_is_no_lapse():
+    a = chaos.holds("a", [_finished(10.0, 10.0, "committed")])
+    b = chaos.holds("b", [_finished(13.0, 2.0, "duplicate", count=2)])  # received at 11 s
+    assert chaos.lapses(a + b) == []
+
+
+def test_a_hand_back_ends_the_hold_when_asked_for_not_when_its_call_returns():
+    # The retry delay's visibility call stalled for 12 s: the message lapsed meanwhile and
+    # another worker took it, after the first had given it up.
+    retried = [
+        _line("task failed, will retry", 1.0, message_id="m", receive_count=1),
+        _finished(13.0, 13.0, "retried"),
+    ]
+    taken = chaos.holds("b", [_finished(10.0, 1.0, "committed", count=2)])  # at 9 s
+    assert chaos.lapses(chaos.holds("a", retried) + taken) == []
+    # Without the `task failed` line, the same two deliveries overlap.
+    assert len(chaos.lapses(chaos.holds("a", retried[1:]) + taken)) == 1
+
+
+def test_a_released_message_was_let_go_when_the_drain_began():
+    lines = [_line("draining", 2.0), _finished(2.5, 2.5, "released", phases={})]
+    (hold,) = chaos.holds("a", lines)
+    assert hold.let_go_s == _T0 + 2.0 and not hold.computed
+
+
+def test_a_hold_outlives_a_stalled_extension_when_it_lasts_past_the_lapse():
+    holds = chaos.holds("a", [_finished(20.0, 20.0, "committed")])
+    assert chaos.outlived_stalls([(_T0 + 5.0, ["m"])], holds, 8) == holds
+    assert chaos.outlived_stalls([(_T0 + 13.0, ["m"])], holds, 8) == []  # let go before
+    assert chaos.outlived_stalls([(_T0 + 5.0, ["other"])], holds, 8) == []

@@ -4,18 +4,24 @@ At once: duplicate deliveries, inference processes SIGKILLed mid-task, a worker 
 and restarted, another SIGKILLed (no drain at all) and restarted, S3 5xx and 409s, SQS
 errors, latency and dropped connections from the fault proxy, next-stage sends whose
 answer is lost after SQS took the message, bursts of 503s on the chain marker's "sent"
-record, poison messages of several kinds, and tasks whose output a producer created
-first under another task id. Then, from S3 and the queues alone: every valid task has
-exactly one correct output per stage, no output was ever overwritten (bucket
-versioning), every chain link is recorded as sent, the queues are empty with nothing in
-flight, and the dead-letter queue holds exactly the poison and squatted messages, each
-with its reason, none without one. And from the logs: the downstream duplicates stage 2
-received are no more than stage 1 counted. Exit status 1 on any loss.
+record, visibility extensions stalled past the visibility timeout while slow tasks hold
+their messages, poison messages of several kinds, messages whose JSON escapes characters
+SQS refuses, and tasks whose output a producer created first under another task id.
+Then, from S3 and the queues alone: every valid task has exactly one correct output per
+stage, no output was ever overwritten (bucket versioning), every chain link is recorded
+as sent, the queues are empty with nothing in flight, and the dead-letter queue holds
+exactly the poison, refused and squatted messages, each with its reason, none without
+one. From what the proxy recorded: every message a worker sent is one AWS would accept,
+and stage 2 was handed the params stage 1 got. And from the logs: the downstream
+duplicates stage 2 received are no more than stage 1 counted, and no message lapsed
+while a worker held it. Exit status 1 on any loss.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import datetime
 import json
 import os
 import random
@@ -34,6 +40,7 @@ import numpy as np
 from sqsinfer.chain import WRITE_ATTEMPTS
 from sqsinfer.lab import feeder, stage, standin, synthetic
 from sqsinfer.lab.faults import SDK_ATTEMPTS
+from sqsinfer.lab.sqs_rules import SQS_DEFAULT_MAX_BYTES, unsendable
 
 if TYPE_CHECKING:  # imported where used: the CLI builds this parser in every install
     import psutil
@@ -41,6 +48,12 @@ if TYPE_CHECKING:  # imported where used: the CLI builds this parser in every in
 BUCKET = "sqsinfer-chaos"
 FEATURES = 6
 _POLL_S = 0.5
+# Characters SQS refuses in a message, as the non-XML messages carry them (JSON-escaped).
+NOT_XML = "\uffff\ufffe\x00\x01\x08\x1f"
+EXTENSIONS_METRIC = "sqsinfer_visibility_extensions_total"
+SLOW_PREFIX = "in/slow-"  # the inputs of the slow tasks: their reads are held
+PROXY_LOG = "proxy.log"
+SENDS = "sends.jsonl"  # every message the workers sent, as the proxy recorded it
 
 
 @dataclass
@@ -58,9 +71,17 @@ class ChaosConfig:
     marker_failures: float = 0.02  # chain markers whose "sent" record meets a burst of 503s
     poison_rate: float = 0.01
     squatters: int = 5  # tasks whose output a producer created first, under another task id
+    non_xml: int = 2  # sets of messages with characters SQS refuses (six kinds a set)
     duplicate_rate: float = 0.05
     child_kills: int = 3
     visibility_timeout_s: int = 8
+    # Tasks fed first whose input read the proxy holds two visibility timeouts: held
+    # messages the keeper must extend while their extensions stall.
+    slow_tasks: int = 4
+    # Extension calls (each message's at most once) held this long, past the timeout.
+    visibility_delay_s: float = 12.0
+    visibility_delay_rate: float = 0.5
+    visibility_delay_calls: int = 4
     feed_depth: int = 100
     timeout_s: float = 1200.0
     logs_dir: str = ""  # keep the workers' and the proxy's logs here
@@ -73,6 +94,25 @@ class Workload:
     bodies: list[str] = field(default_factory=list)  # in feeding order
     duplicates: int = 0
     squatted: dict[str, bytes] = field(default_factory=dict)  # output key -> producer's bytes
+    params: dict[str, dict[str, Any]] = field(default_factory=dict)  # task id -> its params
+
+    def add_valid(
+        self, s3: Any, task_id: str, rows: np.ndarray, params: dict[str, Any] | None = None
+    ) -> str:
+        """Upload a valid task's input; its message body (JSON, non-ASCII escaped)."""
+        self.valid[task_id] = rows
+        key = f"in/{task_id}.npy"
+        s3.put_object(Bucket=BUCKET, Key=key, Body=synthetic.encode_input(rows, "npy"))
+        doc: dict[str, Any] = {"task_id": task_id, "input": f"s3://{BUCKET}/{key}"}
+        if params is not None:
+            self.params[task_id] = params
+            doc["params"] = params
+        return json.dumps(doc)
+
+    def scatter(self, bodies: list[str]) -> None:
+        """Spread these bodies evenly through the feeding order."""
+        for i, body in enumerate(bodies):
+            self.bodies.insert((i + 1) * len(self.bodies) // (len(bodies) + 1), body)
 
 
 # -- preparing the workload ---------------------------------------------------------------
@@ -109,17 +149,13 @@ def prepare(endpoint: str, config: ChaosConfig) -> tuple[Workload, dict[str, str
     queues = stage.create_chain(sqs, "chaos", max_receive_count=10)
     rng = random.Random(config.seed)
     work = Workload()
+    for i in range(config.slow_tasks):  # first: their held extensions are the first calls
+        task_id = SLOW_PREFIX.removeprefix("in/") + str(i)
+        rows = synthetic.make_rows(config.rows, FEATURES, seed=config.seed * 100_000 - 1 - i)
+        work.bodies.append(work.add_valid(s3, task_id, rows))
     for i in range(config.tasks):
-        task_id = f"task-{i:05d}"
-        work.valid[task_id] = synthetic.make_rows(
-            config.rows, FEATURES, seed=config.seed * 100_000 + i
-        )
-        s3.put_object(
-            Bucket=BUCKET,
-            Key=f"in/{task_id}.npy",
-            Body=synthetic.encode_input(work.valid[task_id], "npy"),
-        )
-        body = json.dumps({"task_id": task_id, "input": f"s3://{BUCKET}/in/{task_id}.npy"})
+        rows = synthetic.make_rows(config.rows, FEATURES, seed=config.seed * 100_000 + i)
+        body = work.add_valid(s3, f"task-{i:05d}", rows)
         work.bodies.append(body)
         if rng.random() < config.duplicate_rate:  # sent twice, side by side: taken at once
             work.bodies.append(body)
@@ -138,6 +174,7 @@ def add_squatters(endpoint: str, config: ChaosConfig, work: Workload) -> None:
     on to stage 2 under the squatting task's id.
     """
     s3, _ = standin.clients(endpoint)
+    bodies = []
     for i in range(config.squatters):
         task_id = f"squat-{i}"
         rows = synthetic.make_rows(4, FEATURES, seed=i)
@@ -150,7 +187,49 @@ def add_squatters(endpoint: str, config: ChaosConfig, work: Workload) -> None:
         work.squatted[key] = data
         body = json.dumps({"task_id": task_id, "input": f"s3://{BUCKET}/in/{task_id}.npy"})
         work.poison[body] = "output_conflict"
-        work.bodies.insert((i + 1) * len(work.bodies) // (config.squatters + 1), body)
+        bodies.append(body)
+    work.scatter(bodies)
+
+
+def _not_xml_params(i: int) -> dict[str, Any]:
+    """Params carrying every character SQS refuses, in values, in a key and nested."""
+    return {"note": NOT_XML, f"key{NOT_XML[0]}": [NOT_XML[1:3], {"n": NOT_XML[3:]}], "i": i}
+
+
+def add_non_xml(endpoint: str, config: ChaosConfig, work: Workload) -> None:
+    """Messages whose JSON escapes characters SQS refuses (SQS takes the escapes).
+
+    In params: processed, and handed on with the same params (the next-stage body must
+    escape them again). In an input or output key, or in the task id: refused as
+    `invalid_field` (a key travels in later messages, an id becomes a key). A lone
+    surrogate escape is not text at all: `malformed_json`.
+    """
+    s3, _ = standin.clients(endpoint)
+    bodies = []
+    for i in range(config.non_xml):
+        rows = synthetic.make_rows(4, FEATURES, seed=config.seed * 100_000 + 50_000 + i)
+        bodies.append(work.add_valid(s3, f"xml-params-{i}", rows, _not_xml_params(i)))
+        good = f"s3://{BUCKET}/in/xml-params-{i}.npy"
+        refused = [
+            {"task_id": f"xml-input-{i}", "input": f"s3://{BUCKET}/in/x{NOT_XML[0]}{i}.npy"},
+            {"task_id": f"xml-control-{i}", "input": f"s3://{BUCKET}/in/x{NOT_XML[3]}{i}.npy"},
+            {
+                "task_id": f"xml-output-{i}",
+                "input": good,
+                "output": f"s3://{BUCKET}/stage1/x{NOT_XML[1]}{i}.npy",
+            },
+            {"task_id": f"xml{NOT_XML[0]}{i}", "input": good},
+        ]
+        for doc in refused:
+            work.poison[json.dumps(doc)] = "invalid_field"
+            bodies.append(json.dumps(doc))
+        # json.dumps writes a lone surrogate as the escape `\ud800`, as a producer would.
+        lone = json.dumps(
+            {"task_id": f"xml-surrogate-{i}", "input": good, "params": {"s": "\ud800"}}
+        )
+        work.poison[lone] = "malformed_json"
+        bodies.append(lone)
+    work.scatter(bodies)
 
 
 def start_feeding(endpoint: str, url: str, bodies: list[str], depth: int) -> feeder.FeedThread:
@@ -218,6 +297,12 @@ class Chaos:
         self.events = Events()
         self.rng = random.Random(config.seed)
         self.workers: list[stage.WorkerProcess] = []
+        self.extensions = 0.0  # sqsinfer_visibility_extensions of every worker process
+
+    def count_extensions(self, worker: stage.WorkerProcess) -> None:
+        """Add a worker's extensions so far (read before it stops: counters die with it)."""
+        with contextlib.suppress(OSError):
+            self.extensions += worker.counter(EXTENSIONS_METRIC)
 
     def start_workers(self, queues: dict[str, str], endpoint: str, models: dict[str, str]) -> None:
         for which in ("stage1", "stage2"):
@@ -242,12 +327,14 @@ class Chaos:
             time.sleep(0.005)
 
     def sigterm_and_restart(self, worker: stage.WorkerProcess) -> None:
+        self.count_extensions(worker)
         self.events.sigterm_exit = worker.stop()
         self.events.note(f"SIGTERM {worker.name}: exit {self.events.sigterm_exit}; restarted")
         worker.start()
 
     def sigkill_and_restart(self, worker: stage.WorkerProcess) -> None:
         # A pod killed outright: the worker and its processes, no drain, no release.
+        self.count_extensions(worker)
         for child in worker.pool_children():
             child.kill()
         worker.process.kill()
@@ -322,12 +409,9 @@ def _versions(s3: Any) -> Counter[str]:
     return counts
 
 
-def _log_lines(workers: list[stage.WorkerProcess], which: str) -> list[dict[str, Any]]:
-    lines = []
-    for worker in workers:
-        if worker.name.startswith(which):
-            lines += worker.log_records()
-    return lines
+def _log_lines(lines: dict[str, list[dict[str, Any]]], which: str) -> list[dict[str, Any]]:
+    """The log lines of one stage's workers, worker by worker."""
+    return [line for name, records in lines.items() if name.startswith(which) for line in records]
 
 
 def _deliveries(lines: list[dict[str, Any]]) -> dict[str, set[str]]:
@@ -439,8 +523,8 @@ def check_downstream(
     }
 
 
-def check_logs(workers: list[stage.WorkerProcess], work: Workload, f: Findings) -> None:
-    stage1, stage2 = _log_lines(workers, "stage1"), _log_lines(workers, "stage2")
+def check_logs(lines: dict[str, list[dict[str, Any]]], work: Workload, f: Findings) -> None:
+    stage1, stage2 = _log_lines(lines, "stage1"), _log_lines(lines, "stage2")
     check_downstream(stage1, stage2, f)
     all_lines = stage1 + stage2
     restarts = [line for line in all_lines if line.get("msg") == "pool process restarted"]
@@ -474,6 +558,220 @@ def check_logs(workers: list[stage.WorkerProcess], work: Workload, f: Findings) 
     }
 
 
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def _max_bytes(sqs: Any, url: str) -> int:
+    attrs = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["MaximumMessageSize"])
+    return int(attrs["Attributes"].get("MaximumMessageSize", SQS_DEFAULT_MAX_BYTES))
+
+
+def check_sends(
+    endpoint: str, sent: list[dict[str, Any]], work: Workload, queues: dict[str, str], f: Findings
+) -> None:
+    """Every message the workers sent (recorded by the proxy, whether it got through or
+    not) is one AWS would accept, and stage 2 got the params stage 1 was given."""
+    _, sqs = standin.clients(endpoint)
+    names = {queue_name(url): url for url in queues.values()}
+    limits = {name: _max_bytes(sqs, url) for name, url in names.items()}
+    refused: list[str] = []
+    per_queue: Counter[str] = Counter()
+    handed: dict[str, list[Any]] = defaultdict(list)  # task id -> the params stage 2 got
+    for message in sent:
+        name = queue_name(message["queue"])
+        per_queue[name] += 1
+        why = unsendable(message["body"], message["attributes"] or None, limits.get(name, 0))
+        refused += [f"{name}: {problem}" for problem in why]
+        if name == queue_name(queues["stage2"]) and not why:
+            doc = _json_object(message["body"])
+            if doc.get("task_id") in work.params:
+                handed[doc["task_id"]].append(doc.get("params"))
+    intact = [t for t, p in work.params.items() if handed[t] and all(h == p for h in handed[t])]
+    to_stage2, to_dlq = (
+        per_queue[queue_name(queues["stage2"])],
+        per_queue[queue_name(queues["stage1-dlq"])],
+    )
+    f.expect(not refused, f"{len(refused)} sent messages AWS would refuse: {refused[:3]}")
+    f.expect(to_stage2 >= len(work.valid), f"only {to_stage2} sends to stage 2 recorded")
+    f.expect(
+        len(intact) == len(work.params),
+        f"params not handed on intact: {sorted(set(work.params) - set(intact))}",
+    )
+    f.figures |= {
+        "messages the workers sent (stage 2 / DLQ)": f"{to_stage2} / {to_dlq}",
+        "sent messages AWS would refuse": len(refused),
+        "non-XML params handed on intact": f"{len(intact)} / {len(work.params)}",
+    }
+
+
+# -- the visibility keeper under stalled calls ----------------------------------------------
+
+# The log lines a message's hold is read from.
+_FINISHED = "task finished"
+_WILL_RETRY = "task failed, will retry"
+_OVER_TIME = "task over max time, abandoned"
+_RELEASING = frozenset({"draining", "drain deadline passed, releasing"})
+_NOT_EXTENDED = "visibility not extended"
+_HELD_CALL = "visibility call held"
+# Log times are to the millisecond, and a hold is seen to start a little after SQS's.
+_SLACK_S = 0.05
+
+
+def _epoch_s(ts: str) -> float:
+    return datetime.datetime.fromisoformat(ts).timestamp()
+
+
+@dataclass(frozen=True)
+class Hold:
+    """One delivery of a message to a worker, from its receive until the worker let go
+    of it (asked for its delete or its hand-back)."""
+
+    worker: str
+    message_id: str
+    receive_count: int
+    received_s: float
+    let_go_s: float
+    outcome: str
+    computed: bool
+
+    def __str__(self) -> str:
+        clock = time.strftime("%H:%M:%S", time.localtime(self.received_s))
+        held_s = self.let_go_s - self.received_s
+        return (
+            f"{self.worker} receive {self.receive_count} at {clock}, held {held_s:.1f} s, "
+            f"{self.outcome}{', computed' if self.computed else ''}"
+        )
+
+
+@dataclass
+class _LetGo:
+    """What a worker's log says about when it let go of messages it handed back."""
+
+    retrying: dict[tuple[str, int], float] = field(default_factory=dict)
+    over_time: dict[str, float] = field(default_factory=dict)
+    drains: list[float] = field(default_factory=list)
+
+    def note(self, line: dict[str, Any], at_s: float) -> None:
+        msg, message_id = line.get("msg"), str(line.get("message_id", ""))
+        if msg == _WILL_RETRY:
+            self.retrying[(message_id, int(line.get("receive_count", 0)))] = at_s
+        elif msg == _OVER_TIME:
+            self.over_time[message_id] = at_s
+        elif msg in _RELEASING:
+            self.drains.append(at_s)
+
+    def when(self, line: dict[str, Any], finished_s: float) -> float:
+        """The `task finished` line follows the settle, which for a hand-back is a
+        visibility call that may itself have stalled: a retried message was let go at
+        its `task failed` line, a released one when the drain released it."""
+        message_id, count = str(line["message_id"]), int(line.get("receive_count", 0))
+        if line.get("outcome") == "retried":
+            return self.retrying.get(
+                (message_id, count), self.over_time.get(message_id, finished_s)
+            )
+        if line.get("outcome") == "released":
+            return max((d for d in self.drains if d <= finished_s), default=finished_s)
+        return finished_s  # deleted: the delete ends the hold, and follows all its work
+
+
+def holds(worker: str, lines: list[dict[str, Any]]) -> list[Hold]:
+    """Every delivery a worker's log shows finished (a SIGKILLed worker's last ones
+    never are: their messages lapse, as they should)."""
+    let_go = _LetGo()
+    found = []
+    for line in lines:
+        if "ts" not in line:
+            continue
+        at_s = _epoch_s(str(line["ts"]))
+        let_go.note(line, at_s)
+        if line.get("msg") == _FINISHED and line.get("message_id"):
+            found.append(
+                Hold(
+                    worker=worker,
+                    message_id=str(line["message_id"]),
+                    receive_count=int(line.get("receive_count", 0)),
+                    received_s=at_s - float(line.get("seconds", 0.0)),
+                    let_go_s=let_go.when(line, at_s),
+                    outcome=str(line.get("outcome")),
+                    computed="infer" in (line.get("phases") or {}),
+                )
+            )
+    return found
+
+
+def lapses(all_holds: list[Hold]) -> list[tuple[Hold, Hold]]:
+    """(held, taken) pairs: a message received again while a worker still held it."""
+    by_message: dict[str, list[Hold]] = defaultdict(list)
+    for hold in all_holds:
+        by_message[hold.message_id].append(hold)
+    found = []
+    for group in by_message.values():
+        group.sort(key=lambda h: h.received_s)
+        for i, later in enumerate(group):
+            found += [(e, later) for e in group[:i] if later.received_s < e.let_go_s - _SLACK_S]
+    return found
+
+
+def outlived_stalls(
+    calls: list[tuple[float, list[str]]], all_holds: list[Hold], visibility_timeout_s: int
+) -> list[Hold]:
+    """Holds still under way a whole visibility timeout after an extension of theirs
+    stalled: without another extension they would have lapsed (the stalled call lands
+    too late, and the extension before it was sent before the stall began)."""
+    by_message: dict[str, list[Hold]] = defaultdict(list)
+    for hold in all_holds:
+        by_message[hold.message_id].append(hold)
+    found = []
+    for at_s, message_ids in calls:
+        for message_id in message_ids:
+            found += [
+                h
+                for h in by_message[message_id]
+                if h.received_s <= at_s and h.let_go_s > at_s + visibility_timeout_s
+            ]
+    return found
+
+
+def check_visibility(
+    lines: dict[str, list[dict[str, Any]]],
+    proxy_lines: list[dict[str, Any]],
+    chaos: Chaos,
+    f: Findings,
+) -> None:
+    """No message lapsed while a worker held it, stalled extensions and all."""
+    config = chaos.config
+    all_holds = [hold for name, records in lines.items() for hold in holds(name, records)]
+    calls = [
+        (_epoch_s(str(line["ts"])), [str(m) for m in line.get("message_ids", [])])
+        for line in proxy_lines
+        if line.get("msg") == _HELD_CALL
+    ]
+    found = lapses(all_holds)
+    outlived = outlived_stalls(calls, all_holds, config.visibility_timeout_s)
+    shown = "; ".join(f"{a.message_id}: {a} / then {b}" for a, b in found[:3])
+    f.expect(not found, f"{len(found)} messages lapsed while held: {shown}")
+    if config.visibility_delay_calls and config.slow_tasks:
+        f.expect(bool(calls), "no visibility call was held: the keeper was not put to the test")
+        f.expect(bool(outlived), "no held message outlived a stalled extension: nothing proved")
+    long_held = [h for h in all_holds if h.let_go_s - h.received_s > config.visibility_timeout_s]
+    given_up = sum(1 for r in lines.values() for line in r if line.get("msg") == _NOT_EXTENDED)
+    f.figures |= {
+        "held past the visibility timeout": len(long_held),
+        "visibility extensions (metric)": int(chaos.extensions),
+        "extension calls held (messages in them)": f"{len(calls)} "
+        f"({sum(len(ids) for _, ids in calls)})",
+        "held through a stalled extension past its lapse": len(outlived),
+        "extensions given up by the keeper": given_up,
+        "lapsed while held (then computed again)": f"{len(found)} "
+        f"({sum(1 for _, b in found if b.computed)})",
+    }
+
+
 # -- the command ------------------------------------------------------------------------------
 
 
@@ -481,9 +779,31 @@ def queue_name(url: str) -> str:
     return url.rstrip("/").rsplit("/", 1)[1]
 
 
+def _visibility_faults(config: ChaosConfig) -> list[str]:
+    """Slow tasks, whose messages the keeper must extend, and stalled extensions."""
+    # A slow task holds its message for two visibility timeouts, reading its input.
+    slow = ["--slow-read", f"{SLOW_PREFIX}={2 * config.visibility_timeout_s}"]
+    if not config.visibility_delay_calls:  # (0 calls would mean no limit to the proxy)
+        return slow
+    return [
+        *slow,
+        # Only extensions (they ask for the whole timeout; hand-backs for less), each
+        # message's at most once: one stalled call per message, its retry gets through.
+        "--visibility-delay-s",
+        str(config.visibility_delay_s),
+        "--visibility-delay-rate",
+        str(config.visibility_delay_rate),
+        "--visibility-delay-calls",
+        str(config.visibility_delay_calls),
+        "--visibility-delay-min-s",
+        str(config.visibility_timeout_s),
+        "--visibility-delay-once",
+    ]
+
+
 def _start_proxy(
     target: str, config: ChaosConfig, workdir: str, queues: dict[str, str]
-) -> tuple[subprocess.Popen[bytes], str, str]:
+) -> tuple[subprocess.Popen[bytes], str]:
     port = standin.free_port()
     args = [
         sys.executable,
@@ -520,20 +840,25 @@ def _start_proxy(
         str(SDK_ATTEMPTS),
         "--marker-burst-max",
         str(SDK_ATTEMPTS * (WRITE_ATTEMPTS + 1)),
+        *_visibility_faults(config),
+        "--record-sends",
+        os.path.join(workdir, SENDS),
     ]
-    log_path = os.path.join(workdir, "proxy.log")
-    with open(log_path, "ab") as log_file:
+    with open(os.path.join(workdir, PROXY_LOG), "ab") as log_file:
         process = subprocess.Popen(args, stdout=log_file, stderr=log_file)
     url = f"http://127.0.0.1:{port}"
     standin.wait_until_up(url, process)
-    return process, url, log_path
+    return process, url
 
 
-def _proxy_counts(log_path: str) -> dict[str, int]:
-    with open(log_path) as fh:
-        for line in fh:
-            if line.startswith("{") and "injected" in line:
-                return dict(json.loads(line)["injected"])
+def _json_lines(path: str) -> list[dict[str, Any]]:
+    return stage.LogTail(path).read()
+
+
+def _proxy_counts(lines: list[dict[str, Any]]) -> dict[str, int]:
+    for line in lines:
+        if "injected" in line:
+            return dict(line["injected"])
     return {}
 
 
@@ -560,6 +885,7 @@ def run(config: ChaosConfig) -> Findings:
         print(f"preparing {config.tasks} tasks on {moto.url} ...", flush=True)
         work, queues = prepare(moto.url, config)
         add_squatters(moto.url, config, work)
+        add_non_xml(moto.url, config, work)
         models = {
             # Big enough that predictions take milliseconds: kills can land inside one.
             "stage1": synthetic.train_model(
@@ -567,7 +893,7 @@ def run(config: ChaosConfig) -> Findings:
             ),
             "stage2": synthetic.train_model(os.path.join(workdir, "m2.ubj"), 1, trees=5, seed=4),
         }
-        proxy, proxy_url, proxy_log = _start_proxy(moto.url, config, workdir, queues)
+        proxy, proxy_url = _start_proxy(moto.url, config, workdir, queues)
         chaos = Chaos(config, workdir)
         started = time.monotonic()
         try:
@@ -576,6 +902,8 @@ def run(config: ChaosConfig) -> Findings:
             feed = start_feeding(moto.url, queues["stage1"], work.bodies, config.feed_depth)
             drained = run_until_drained(chaos, feed, moto.url, queues, len(work.valid))
             elapsed = time.monotonic() - started
+            for worker in chaos.workers:
+                chaos.count_extensions(worker)
         finally:
             codes = stage.stop_workers(chaos.workers)
             proxy.send_signal(signal.SIGTERM)
@@ -588,8 +916,12 @@ def run(config: ChaosConfig) -> Findings:
         findings.expect(events_ok(chaos.events, config), "not all chaos events happened")
         check_outputs(moto.url, work, models, findings)
         check_queues(moto.url, work, queues, findings)
-        check_logs(chaos.workers, work, findings)
-        findings.figures["faults injected"] = _proxy_counts(proxy_log)
+        worker_lines = {w.name: w.log_records() for w in chaos.workers}
+        check_logs(worker_lines, work, findings)
+        proxy_lines = _json_lines(os.path.join(workdir, PROXY_LOG))
+        check_sends(moto.url, _json_lines(os.path.join(workdir, SENDS)), work, queues, findings)
+        check_visibility(worker_lines, proxy_lines, chaos, findings)
+        findings.figures["faults injected"] = _proxy_counts(proxy_lines)
         print_report(findings, chaos.events, elapsed)
         if config.logs_dir:
             shutil.copytree(
@@ -623,6 +955,9 @@ def add_parser(sub: Any) -> None:
         "child_kills",
         "feed_depth",
         "squatters",
+        "non_xml",
+        "slow_tasks",
+        "visibility_delay_calls",
     ):
         p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name))
     for name in (
@@ -635,6 +970,8 @@ def add_parser(sub: Any) -> None:
         "marker_failures",
         "poison_rate",
         "duplicate_rate",
+        "visibility_delay_s",
+        "visibility_delay_rate",
         "timeout_s",
     ):
         p.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(defaults, name))
