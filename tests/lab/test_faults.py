@@ -8,14 +8,15 @@ import time
 
 import numpy as np
 import pytest
-from botocore.exceptions import ClientError
+from botocore.exceptions import ClientError, ConnectionClosedError
 
 from sqsinfer.aws import open_clients
 from sqsinfer.handlers.xgboost_impl import XGBoostHandler
 from sqsinfer.lab import synthetic
 from sqsinfer.lab.faults import SDK_ATTEMPTS, FaultPlan, FaultProxy, classify, parse_slow_reads
 from sqsinfer.lab.sqs_rules import SQS_DEFAULT_MAX_BYTES, unsendable
-from tests.conftest import N_FEATURES, Stage, eventually, outcome_count, running
+from sqsinfer.metrics import Metrics
+from tests.conftest import N_FEATURES, Stage, eventually, outcome_count, running, sample
 
 
 @pytest.mark.parametrize(
@@ -229,3 +230,27 @@ def test_slow_reads_are_given_as_prefix_and_seconds():
     assert parse_slow_reads(["in/slow-=16", "a=b=1.5"]) == {"in/slow-": 16.0, "a=b": 1.5}
     with pytest.raises(ValueError, match="PREFIX=SECONDS"):
         parse_slow_reads(["16"])
+
+
+async def test_an_answer_lost_on_the_way_reaches_the_caller_as_the_sdks_error_and_is_counted(
+    stage: Stage,
+):
+    """A call with no answer at all (the connection closed mid-answer, no SDK retries) fails
+    with the SDK's own error, and counts as an AWS error of its operation."""
+    plan = FaultPlan(send_drop=1.0, limits={"sqs:send_dropped": 1})
+    proxy = FaultProxy(stage.endpoint, plan)
+    await proxy.start()
+    metrics = Metrics()
+    try:
+        async with open_clients("us-east-1", proxy.url) as clients:
+            metrics.count_aws_calls(clients.sqs_single_attempt)
+            # Not a TypeError from the metrics hook in its place: callers sort errors by type.
+            with pytest.raises(ConnectionClosedError):
+                await clients.sqs_single_attempt.send_message(
+                    QueueUrl=stage.next_url, MessageBody="m"
+                )
+    finally:
+        await proxy.stop()
+    assert proxy.counts == {"sqs:send_dropped": 1}
+    assert sample(metrics, "sqsinfer_aws_requests_total", operation="SendMessage") == 1
+    assert sample(metrics, "sqsinfer_aws_errors_total", operation="SendMessage") == 1
