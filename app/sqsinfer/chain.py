@@ -139,6 +139,7 @@ class Linker:
     ) -> Claim | None:
         marker = await self._read(uri)
         checks = lost = 0
+        taking: Marker | None = None  # the intent this delivery last tried to take over
         while lost < _MAX_LOST_WRITES:
             if marker is None:
                 etag = await self._write(uri, delivery, LinkState.SENDING, create=True)
@@ -148,8 +149,12 @@ class Linker:
             elif marker.state == LinkState.SENT:
                 return None
             elif marker.delivery == delivery.delivery_id and marker.state == LinkState.SENDING:
-                return Claim(marker.etag, inherited_doubt=False)  # our create's answer was lost
+                # Our write's answer was lost. A takeover's keeps the doubt it took over.
+                if taking is not None:
+                    return self._took_over(taking, delivery, marker.etag)
+                return Claim(marker.etag, inherited_doubt=False)
             elif self._may_take(marker, delivery):
+                taking = marker
                 etag = await self._write(uri, delivery, LinkState.SENDING, etag=marker.etag)
                 if etag is not None:
                     return self._took_over(marker, delivery, etag)

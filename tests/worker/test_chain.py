@@ -198,6 +198,28 @@ async def test_a_delivery_whose_own_message_wrote_the_output_links_at_once(
     assert _marker(stage, "mine")["state"] == "sent"
 
 
+async def test_a_takeover_whose_answer_was_lost_still_counts_what_it_took_over(
+    stage: Stage, make_settings
+):
+    """The answer to the takeover's marker write is lost; reading the marker again, the
+    delivery finds its own intent there. It is still a takeover: the receive it took the
+    link from may have sent, so its own send is a possible duplicate."""
+    uri = _input(stage, "a.npy")
+    message_id = stage.send({"task_id": "lost", "input": uri})
+    _written(stage, "lost", message_id)
+    _intent(stage, "lost", message_id)
+    # The first PutObject is the takeover (the output exists: nothing else is written first).
+    plan = FaultPlan(drop=1.0, drop_operations=frozenset({"PutObject"}), limits={"s3:dropped": 1})
+    async with fault_proxy(stage, plan) as proxy:
+        settings = _scripted(make_settings, stage, endpoint_url=proxy.url, chain_settle_s=600)
+        async with running(settings) as worker:
+            await eventually(lambda: outcome_count(worker, "duplicate") == 1)
+    assert proxy.counts["s3:dropped"] == 1
+    assert _next_inputs(stage) == [f"s3://{stage.bucket}/out/lost.npy"]
+    assert _counted(worker) == (0, 1)
+    assert _marker(stage, "lost")["state"] == "sent"
+
+
 async def test_waiting_for_another_deliverys_link_holds_the_message(stage: Stage, make_settings):
     """The settle wait happens in the worker: no receive spent, no other consumer sees it."""
     _written(stage, "theirs", message_id="another-message")
