@@ -78,9 +78,10 @@ class ChaosConfig:
     # Tasks fed first whose input read the proxy holds two visibility timeouts: held
     # messages the keeper must extend while their extensions stall.
     slow_tasks: int = 4
-    # Extension calls (each message's at most once) held this long, past the timeout.
+    # Extension calls held this long, past the timeout: the first ones (at rate 1), so
+    # the slow tasks' first extensions are among them; each message's at most once.
     visibility_delay_s: float = 12.0
-    visibility_delay_rate: float = 0.5
+    visibility_delay_rate: float = 1.0
     visibility_delay_calls: int = 4
     feed_depth: int = 100
     timeout_s: float = 1200.0
