@@ -184,7 +184,8 @@ class Metrics:
         """Count every API call of an SDK client and every one that failed, by operation.
 
         botocore emits `before-call` once per call (not per retry), `after-call` with the
-        answer (an error answer included) and `after-call-error` when there was none.
+        answer (an error answer included) and `after-call-error` when there was none (that
+        one names the operation only in its event name: `after-call-error.sqs.SendMessage`).
         """
         events = client.meta.events
         events.register("before-call", self._before_call)
@@ -198,8 +199,8 @@ class Metrics:
         if http_response is not None and getattr(http_response, "status_code", 200) >= 400:
             self.aws_errors.labels(model.name).inc()
 
-    def _after_call_error(self, model: Any, **_: Any) -> None:
-        self.aws_errors.labels(model.name).inc()
+    def _after_call_error(self, event_name: str = "", **_: Any) -> None:
+        self.aws_errors.labels(event_name.rsplit(".", 1)[-1]).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

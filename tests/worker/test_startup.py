@@ -22,6 +22,15 @@ async def _status(url: str) -> int:
         return 0
 
 
+def _failed_calls(worker: Worker) -> float:
+    return sum(
+        s.value
+        for family in worker.metrics.registry.collect()
+        if family.name == "sqsinfer_aws_errors"
+        for s in family.samples
+    )
+
+
 async def test_an_endpoint_down_at_start_is_waited_for(stage: Stage, make_settings):
     port = standin.free_port()
     worker = Worker(make_settings(endpoint_url=f"http://127.0.0.1:{port}"))
@@ -34,6 +43,8 @@ async def test_an_endpoint_down_at_start_is_waited_for(stage: Stage, make_settin
         assert not serving.done()
         assert await _status(base + "/readyz") == 503
         assert await _status(base + "/livez") == 200
+        # Each call that found no endpoint (after the SDK's retries) is counted.
+        await eventually(lambda: _failed_calls(worker) > 0)
         await proxy.start()  # the endpoint comes back
         await eventually(lambda: worker.ready, timeout_s=60)
         assert await _status(base + "/readyz") == 200
