@@ -95,7 +95,11 @@ class Metrics:
         self.rejections = Counter(
             "sqsinfer_rejections", "Rejected messages, by reason", ["reason"], registry=r
         )
-        self.in_flight = Gauge("sqsinfer_in_flight", "Messages held by this worker", registry=r)
+        self.in_flight = Gauge(
+            "sqsinfer_in_flight",
+            "Messages holding a slot of this worker (received, result not yet committed)",
+            registry=r,
+        )
         self.processes_ready = Gauge(
             "sqsinfer_processes_ready", "Inference processes loaded and idle or busy", registry=r
         )
@@ -114,6 +118,12 @@ class Metrics:
             registry=r,
         )
         self.rows = Counter("sqsinfer_rows", "Input rows predicted", registry=r)
+        self.process_busy = Counter(
+            "sqsinfer_process_busy_seconds",
+            "Seconds the inference processes spent computing (decode, predict, encode); "
+            "rate / sqsinfer_processes_ready = the share of the time they are busy",
+            registry=r,
+        )
         self.pool_rebuilds = Counter(
             "sqsinfer_pool_rebuilds", "Inference processes restarted after a crash", registry=r
         )
@@ -142,7 +152,8 @@ class Metrics:
         )
         self.in_flight_limit = Gauge(
             "sqsinfer_in_flight_limit",
-            "Messages this worker may hold at once (in_flight / in_flight_limit = utilisation)",
+            "Slots: messages this worker may work on at once, pinned or sized from measured "
+            "times (in_flight / in_flight_limit = utilisation)",
             registry=r,
         )
         self.info = Gauge(
