@@ -35,6 +35,7 @@ AWS_OPERATIONS = (
     "DeleteMessageBatch",
     "ChangeMessageVisibilityBatch",
     "SendMessage",
+    "SendMessageBatch",
     "GetObject",
     "HeadObject",
     "PutObject",

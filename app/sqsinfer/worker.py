@@ -38,7 +38,7 @@ from sqsinfer.outcomes import Outcome
 from sqsinfer.pipeline import FINISHING_STEPS, Held, Pipeline
 from sqsinfer.pool import InferencePool, PoolConfig
 from sqsinfer.preflight import Preflight, StartupError, StoppedWhileStarting
-from sqsinfer.queue import Message, Sender, SqsQueue
+from sqsinfer.queue import BatchSender, Message, Sender, SqsQueue
 from sqsinfer.storage import Storage
 from sqsinfer.visibility import VisibilityKeeper
 
@@ -238,7 +238,9 @@ class Worker:
             queue=queue,
             dead_letters=Sender(clients.sqs, found.dlq_url),
             next_stage=(
-                Sender(clients.sqs_single_attempt, s.next_queue_url) if s.next_queue_url else None
+                BatchSender(clients.sqs_single_attempt, s.next_queue_url)
+                if s.next_queue_url
+                else None
             ),
             pool=self.pool,
             metrics=self.metrics,
@@ -390,6 +392,8 @@ class Worker:
         for task in self._background:
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
+        if pipeline.next_stage is not None:
+            await pipeline.next_stage.drain()
         await pipeline.queue.drain()
         log.info("stopped", extra={"outcomes": dict(self.metrics.outcomes)})
 
