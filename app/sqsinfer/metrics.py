@@ -204,6 +204,12 @@ class Metrics:
         events.register("after-call", self._after_call)
         events.register("after-call-error", self._after_call_error)
 
+    def count_call(self, operation: str, failed: bool) -> None:
+        """Count one call made outside the SDK (the data path's GET and PUT)."""
+        self.aws_requests.labels(operation).inc()
+        if failed:
+            self.aws_errors.labels(operation).inc()
+
     def _before_call(self, model: Any, **_: Any) -> None:
         self.aws_requests.labels(model.name).inc()
 

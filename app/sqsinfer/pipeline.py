@@ -255,7 +255,7 @@ class Pipeline:
     async def _commit(self, held: Held, task: Task, body: bytes) -> bool:
         """The conditional put of the output. True when this delivery's write stands."""
         content_type = formats.named(task.output_format).content_type
-        if await self.storage.put_if_absent(task.output, body, self._metadata(held), content_type):
+        if await self.storage.commit(task.output, body, self._metadata(held), content_type):
             return True
         # A 412 can answer our own write: the SDK retries a put whose answer was lost in
         # a dropped connection. The delivery id in the metadata tells the two apart.

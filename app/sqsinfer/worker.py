@@ -39,7 +39,7 @@ from sqsinfer.pipeline import FINISHING_STEPS, Held, Pipeline
 from sqsinfer.pool import InferencePool, PoolConfig
 from sqsinfer.preflight import Preflight, StartupError, StoppedWhileStarting
 from sqsinfer.queue import BatchSender, Message, Sender, SqsQueue
-from sqsinfer.storage import Storage
+from sqsinfer.storage import DataPath, Storage
 from sqsinfer.visibility import VisibilityKeeper
 
 log = logging.getLogger("sqsinfer.worker")
@@ -234,7 +234,12 @@ class Worker:
                 max_message_bytes=s.max_message_bytes,
                 dead_letter_max_bytes=found.dlq_max_message_bytes,
             ),
-            storage=Storage(clients.s3),
+            storage=Storage(
+                clients.s3,
+                data=DataPath(
+                    s.endpoint_url, s.region, clients.credentials, self.metrics.count_call
+                ),
+            ),
             queue=queue,
             dead_letters=Sender(clients.sqs, found.dlq_url),
             next_stage=(

@@ -151,7 +151,7 @@ async def test_every_metric_is_exposed_after_a_run(stage: Stage, make_settings):
         value("sqsinfer_info", version=__version__, model_sha256=worker.pool.config.model_sha256)
         == 1
     )
-    assert value("sqsinfer_in_flight_limit") == worker.settings.in_flight_limit
+    assert value("sqsinfer_in_flight_limit") == worker.limit.value  # auto: where it went
     assert value("sqsinfer_aws_requests_total", operation="ReceiveMessage") >= 1
     assert value("sqsinfer_aws_requests_total", operation="PutObject") >= 1
     assert value("sqsinfer_aws_errors_total", operation="PutObject") == 0

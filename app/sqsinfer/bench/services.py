@@ -32,7 +32,7 @@ from sqsinfer.bench.protocol import SPAWN, emit, pin_threads, regime_of, task_fi
 from sqsinfer.messages import MessageRules, parse_prefixes, parse_s3_uri, parse_task
 from sqsinfer.queue import Message, SqsQueue
 from sqsinfer.runtime import run_async
-from sqsinfer.storage import Storage
+from sqsinfer.storage import DataPath, Storage
 
 Handle = Callable[[Message, float], Awaitable[None]]
 _WAIT_TIME_S = 1
@@ -248,9 +248,7 @@ class CallsOnly:
         shared.close()
         t2 = time.perf_counter()
         meta = {"task-id": task.task_id}
-        await self.storage.put_if_absent(
-            task.output, self.output, meta, formats.named("npy").content_type
-        )
+        await self.storage.commit(task.output, self.output, meta, formats.named("npy").content_type)
         t3 = time.perf_counter()
         await self.queue.delete(message)
         t4 = time.perf_counter()
@@ -263,7 +261,8 @@ async def emulator_ceiling(cfg: dict[str, Any]) -> int:
     in_flight = cfg["in_flight"]
     async with open_clients(cfg["region"], cfg["endpoint"], in_flight) as clients:
         queue = SqsQueue(clients.sqs, cfg["queue_url"])
-        calls = CallsOnly(cfg, Storage(clients.s3), queue)
+        data = DataPath(cfg["endpoint"], cfg["region"], clients.credentials)
+        calls = CallsOnly(cfg, Storage(clients.s3, data=data), queue)
         emit({"msg": "ready", "startup_s": 0.0})
         await consume(queue, in_flight, stop, calls.handle)
     return 0
