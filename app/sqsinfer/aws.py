@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import aioboto3
@@ -19,6 +20,7 @@ SDK_RETRIES = 3
 # A next-stage send is retried by the worker itself, which must see each lost answer; an
 # attempt that hears nothing for this long counts as one that may have reached SQS.
 SINGLE_ATTEMPT_READ_TIMEOUT_S = 10.0
+CREDENTIALS_REUSE = timedelta(minutes=5)
 
 
 def error_code(exc: BaseException) -> str:
@@ -49,6 +51,19 @@ class Clients:
     s3: Any
     sqs: Any
     sqs_single_attempt: Any  # no SDK retries: for sends whose retries the worker counts
+    session: Any = None  # the aioboto3 session the clients came from
+
+    async def credentials(self) -> dict[str, Any]:
+        """The session's credentials now, in obstore's shape, good for a few minutes (an
+        S3Store asks again then: a refreshed role's keys are picked up)."""
+        found = await self.session.get_credentials()
+        frozen = await found.get_frozen_credentials()
+        return {
+            "access_key_id": frozen.access_key,
+            "secret_access_key": frozen.secret_key,
+            "token": frozen.token,
+            "expires_at": datetime.now(UTC) + CREDENTIALS_REUSE,
+        }
 
 
 def client_config(
@@ -85,4 +100,4 @@ async def open_clients(
         session.client("sqs", **kwargs) as sqs,
         session.client("sqs", **single) as sqs_single_attempt,
     ):
-        yield Clients(s3=s3, sqs=sqs, sqs_single_attempt=sqs_single_attempt)
+        yield Clients(s3=s3, sqs=sqs, sqs_single_attempt=sqs_single_attempt, session=session)

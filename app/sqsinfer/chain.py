@@ -11,7 +11,10 @@ never both believe they own the link:
     released ──If-Match──▶ sending
 
 Only the owner sends, with the SDK's retries off: the worker retries the send itself,
-so it knows when an answer was lost (the message may have gone out). A takeover happens
+so it knows when an answer was lost (the message may have gone out). Sends of several
+links share SendMessageBatch calls (`queue.BatchSender`): an entry the answer lists as
+failed was not sent; a call whose answer was lost may have sent every entry in it, and
+each entry's link counts its own possible duplicate, as a single send's would. A takeover happens
 when the owner's intent is older than `chain_settle_s`, or at once when the owner was an
 earlier receive of this same message (whose visibility lapsed, so it is not working on
 it any more). What can still put a second message on the next stage is counted in
@@ -42,7 +45,7 @@ from sqsinfer.aws import may_have_taken_effect
 from sqsinfer.backoff import Backoff
 from sqsinfer.messages import S3Uri, Task, next_stage_body
 from sqsinfer.metrics import DuplicateKind, Metrics
-from sqsinfer.queue import Sender
+from sqsinfer.queue import EntryFailed, Sender
 from sqsinfer.storage import Storage
 
 log = logging.getLogger("sqsinfer.chain")
@@ -204,7 +207,10 @@ class Linker:
             try:
                 return await self.sender.send(body)
             except Exception as exc:
-                last, maybe_sent = exc, may_have_taken_effect(exc)
+                # An entry SQS listed as failed in its batch answer was not sent; an error
+                # of the whole call may have reached SQS, for each entry of the batch.
+                last = exc
+                maybe_sent = not isinstance(exc, EntryFailed) and may_have_taken_effect(exc)
                 log.warning(
                     "next stage send failed",
                     extra=delivery.log_fields

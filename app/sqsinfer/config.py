@@ -44,6 +44,26 @@ def env_name(name: str) -> str:
     return ENV_PREFIX + name.upper()
 
 
+AUTO = "auto"
+AUTO_START_PREFETCH = 2  # auto's limit per process until the first tasks are measured
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off", ""})
+
+
+def _prefetch(text: str) -> int | str:
+    if text.lower() == AUTO:
+        return AUTO
+    return int(text)
+
+
+def _flag(text: str) -> bool:
+    if text.lower() in _TRUE:
+        return True
+    if text.lower() in _FALSE:
+        return False
+    raise ValueError("expected true or false")
+
+
 def _opt(default: Any, help: str, parse: Callable[[str], Any] | None = None) -> Any:
     return field(default=default, metadata={"help": help, "parse": parse})
 
@@ -86,7 +106,15 @@ class Settings:
     output_format: str = _opt("npy", "format of derived output keys: npy, json or parquet")
     processes: int = _opt(0, "inference processes; 0 = the CPUs this container may use", int)
     threads_per_process: int = _opt(1, "threads each process gives the model", int)
-    prefetch: int = _opt(2, "in-flight messages per process (download while computing)", int)
+    prefetch: int | str = _opt(
+        AUTO,
+        "in-flight messages per process: auto (sized from the measured I/O and compute times "
+        "per task, at most max_prefetch) or a number that pins it",
+        _prefetch,
+    )
+    max_prefetch: int = _opt(
+        8, "most in-flight messages per process when prefetch is auto (sizes /dev/shm)", int
+    )
     visibility_timeout_s: int = _opt(
         60, "visibility a received message gets, renewed by the heartbeat", int
     )
@@ -103,6 +131,12 @@ class Settings:
         float,
     )
     max_task_time_s: float = _opt(900.0, "a task running longer is abandoned and retried", float)
+    always_head_output: bool = _opt(
+        False,
+        "look for the output (HEAD) before computing on every delivery, not only on "
+        "redeliveries; the conditional put decides duplicates either way",
+        _flag,
+    )
     chain_settle_s: float = _opt(
         30.0,
         "a delivery that finds another's chain intent waits this long, then takes the link over",
@@ -130,8 +164,23 @@ class Settings:
         return "." + self.output_format
 
     @property
+    def auto_prefetch(self) -> bool:
+        return self.prefetch == AUTO
+
+    @property
     def in_flight_limit(self) -> int:
-        return self.processes * self.prefetch
+        """Messages held at start: pinned, or auto's starting point (at most its maximum)."""
+        if isinstance(self.prefetch, int):
+            return self.processes * self.prefetch
+        return self.processes * min(AUTO_START_PREFETCH, self.max_prefetch)
+
+    @property
+    def max_in_flight_limit(self) -> int:
+        """The most the in-flight limit can become (what /dev/shm and connections are sized
+        for): the pinned prefetch, or max_prefetch when auto."""
+        if isinstance(self.prefetch, int):
+            return self.processes * self.prefetch
+        return self.processes * self.max_prefetch
 
     @property
     def shutdown_budget_s(self) -> float:
@@ -261,7 +310,12 @@ def _check_outputs(s: Settings, _: bool) -> None:
 def _check_numbers(s: Settings, _: bool) -> None:
     _require(s.processes >= 1, "processes", "must be at least 1")
     _require(s.threads_per_process >= 1, "threads_per_process", "must be at least 1")
-    _require(s.prefetch >= 1, "prefetch", "must be at least 1")
+    _require(
+        s.prefetch == AUTO or (isinstance(s.prefetch, int) and s.prefetch >= 1),
+        "prefetch",
+        "must be auto or at least 1",
+    )
+    _require(s.max_prefetch >= 1, "max_prefetch", "must be at least 1")
     _require(
         1 <= s.visibility_timeout_s <= _SQS_MAX_VISIBILITY_S,
         "visibility_timeout_s",
@@ -382,6 +436,8 @@ def describe(s: Settings) -> dict[str, Any]:
 
 def _default_text(f: dataclasses.Field[Any]) -> str:
     value = f.default
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
     if value in ("", None, (), 0) and "required" in f.metadata["help"]:
         return "(required)"
     if value in ("", None, ()):

@@ -35,6 +35,7 @@ AWS_OPERATIONS = (
     "DeleteMessageBatch",
     "ChangeMessageVisibilityBatch",
     "SendMessage",
+    "SendMessageBatch",
     "GetObject",
     "HeadObject",
     "PutObject",
@@ -95,7 +96,11 @@ class Metrics:
         self.rejections = Counter(
             "sqsinfer_rejections", "Rejected messages, by reason", ["reason"], registry=r
         )
-        self.in_flight = Gauge("sqsinfer_in_flight", "Messages held by this worker", registry=r)
+        self.in_flight = Gauge(
+            "sqsinfer_in_flight",
+            "Messages holding a slot of this worker (received, result not yet committed)",
+            registry=r,
+        )
         self.processes_ready = Gauge(
             "sqsinfer_processes_ready", "Inference processes loaded and idle or busy", registry=r
         )
@@ -114,6 +119,12 @@ class Metrics:
             registry=r,
         )
         self.rows = Counter("sqsinfer_rows", "Input rows predicted", registry=r)
+        self.process_busy = Counter(
+            "sqsinfer_process_busy_seconds",
+            "Seconds the inference processes spent computing (decode, predict, encode); "
+            "rate / sqsinfer_processes_ready = the share of the time they are busy",
+            registry=r,
+        )
         self.pool_rebuilds = Counter(
             "sqsinfer_pool_rebuilds", "Inference processes restarted after a crash", registry=r
         )
@@ -142,7 +153,8 @@ class Metrics:
         )
         self.in_flight_limit = Gauge(
             "sqsinfer_in_flight_limit",
-            "Messages this worker may hold at once (in_flight / in_flight_limit = utilisation)",
+            "Slots: messages this worker may work on at once, pinned or sized from measured "
+            "times (in_flight / in_flight_limit = utilisation)",
             registry=r,
         )
         self.info = Gauge(
@@ -184,12 +196,19 @@ class Metrics:
         """Count every API call of an SDK client and every one that failed, by operation.
 
         botocore emits `before-call` once per call (not per retry), `after-call` with the
-        answer (an error answer included) and `after-call-error` when there was none.
+        answer (an error answer included) and `after-call-error` when there was none (that
+        one names the operation only in its event name: `after-call-error.sqs.SendMessage`).
         """
         events = client.meta.events
         events.register("before-call", self._before_call)
         events.register("after-call", self._after_call)
         events.register("after-call-error", self._after_call_error)
+
+    def count_call(self, operation: str, failed: bool) -> None:
+        """Count one call made outside the SDK (the data path's GET and PUT)."""
+        self.aws_requests.labels(operation).inc()
+        if failed:
+            self.aws_errors.labels(operation).inc()
 
     def _before_call(self, model: Any, **_: Any) -> None:
         self.aws_requests.labels(model.name).inc()

@@ -2,13 +2,17 @@
 
     parse ─bad─▶ DLQ + delete (rejected)
     another message of this worker on the same output ─▶ wait for it to finish
-    HEAD output ─exists─▶ another task's? DLQ (rejected) : chain link, delete (duplicate)
+    redelivered (or waited)? HEAD output ─exists─▶ another task's? DLQ (rejected)
+                                                    : chain link, delete (duplicate)
     GET input → shared memory → wait for a process → decode, predict, encode (child)
     conditional PUT ─412─▶ another task's? DLQ (rejected) : chain link, delete (duplicate)
                     ─200─▶ chain link, delete (committed)
     transient failure ─▶ visibility backoff (retried); on the last receive the redrive
         policy allows: DLQ with reason `retries_exhausted` (rejected)
     shutdown ─▶ visibility 0 (released)
+
+A message holds one of the worker's slots until its result is committed (or its outcome
+otherwise decided): the chain link and the delete run after `Held.release_slot`.
 
 The write decides the outcome: a delivery whose conditional put stood ends as
 `committed` whatever happens to its message afterwards, so across the fleet committed
@@ -23,7 +27,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -88,6 +92,24 @@ class Held:
     wrote: bool = False  # this delivery's conditional put of the output stood
     # A step whose effect outlives a cancel, and the outcome the message has once it is done.
     under_way: tuple[asyncio.Future[Any], Outcome] | None = None
+    # The worker's: told once the message gives its slot back (`release_slot`).
+    on_release: Callable[[Held], None] | None = field(default=None, repr=False)
+    slot_released: bool = False
+
+    def release_slot(self) -> None:
+        """The input is no longer needed and the outcome decided: what is left (the chain
+        link, the delete) runs without a slot. Idempotent."""
+        if not self.slot_released:
+            self.slot_released = True
+            if self.on_release is not None:
+                self.on_release(self)
+
+    def compute_s(self) -> float | None:
+        """Seconds an inference process spent on this message (None: it computed nothing)."""
+        phases = (Phase.HANDOFF, Phase.DECODE, Phase.INFER, Phase.ENCODE)
+        if Phase.INFER.value not in self.timings:
+            return None
+        return sum(self.timings.get(p.value, 0.0) for p in phases)
 
     @property
     def started(self) -> bool:
@@ -174,6 +196,7 @@ class Pipeline:
         except asyncio.CancelledError:
             # The message must still be handed back even though this task was cancelled.
             outcome = await asyncio.shield(self._settle_cancelled(held))
+        held.release_slot()
         outcome = held.final(outcome)
         self._record(held, outcome)
         return outcome
@@ -192,16 +215,28 @@ class Pipeline:
             return await self._retry(held, f"{held.reason}: {exc}")
 
     async def _run(self, held: Held, task: Task) -> Outcome:
-        if self.outputs.busy(task.output):
+        waited = self.outputs.busy(task.output)
+        if waited:
             held.step = Step.WAITING_OUTPUT
         async with self.outputs.hold(task.output):
-            return await self._run_alone(held, task)
+            return await self._run_alone(held, task, look_first=waited or self._redelivered(held))
 
-    async def _run_alone(self, held: Held, task: Task) -> Outcome:
+    def _redelivered(self, held: Held) -> bool:
+        """Whether the output may exist already, so that a HEAD is worth its call.
+
+        A first delivery goes straight to the work: the conditional put decides a
+        duplicate there (and checks the output's owner). A redelivery, or one that
+        waited for another message of this worker on the same output, looks first and
+        spares the GET and the compute of what is already done.
+        """
+        return self.settings.always_head_output or held.message.receive_count > 1
+
+    async def _run_alone(self, held: Held, task: Task, *, look_first: bool) -> Outcome:
         """The task, with no other message of this worker on its output meanwhile."""
         held.step = Step.CHECKING
-        existing = await self.storage.head(task.output)
+        existing = await self.storage.head(task.output) if look_first else None
         if existing is not None:
+            held.release_slot()
             self._check_owner(task, existing)
             await self._chain(held, task)
             return await self._finish(held, Outcome.DUPLICATE)
@@ -213,13 +248,14 @@ class Pipeline:
         held.step = Step.COMMITTING
         with Timer(held, self.metrics, Phase.COMMIT):
             held.wrote = await self._commit(held, task, result["body"])
+        held.release_slot()
         await self._chain(held, task)
         return await self._finish(held, Outcome.DUPLICATE)  # committed when it wrote
 
     async def _commit(self, held: Held, task: Task, body: bytes) -> bool:
         """The conditional put of the output. True when this delivery's write stands."""
         content_type = formats.named(task.output_format).content_type
-        if await self.storage.put_if_absent(task.output, body, self._metadata(held), content_type):
+        if await self.storage.commit(task.output, body, self._metadata(held), content_type):
             return True
         # A 412 can answer our own write: the SDK retries a put whose answer was lost in
         # a dropped connection. The delivery id in the metadata tells the two apart.
@@ -261,6 +297,7 @@ class Pipeline:
             Timer(held, self.metrics, phase).record(result[f"{phase}_s"])
         # What the child did not account for is the cost of handing work over and back.
         spent = result["decode_s"] + result["infer_s"] + result["encode_s"]
+        self.metrics.process_busy.inc(spent)
         Timer(held, self.metrics, Phase.HANDOFF).record(max(0.0, total - spent))
         self.metrics.rows.inc(result["rows"])
         return result
@@ -307,6 +344,7 @@ class Pipeline:
     async def _finish(self, held: Held, outcome: Outcome) -> Outcome:
         held.outcome = outcome
         held.step = Step.SETTLED
+        held.release_slot()  # the delete holds no slot
         try:
             deleted = await asyncio.shield(self.queue.delete(held.message))
         except Exception as exc:  # the outcome stands: the write (or the copy) decided it
@@ -319,6 +357,7 @@ class Pipeline:
     async def _reject(self, held: Held, reason: str, detail: str) -> Outcome:
         held.reason = reason
         held.step = Step.REJECTING
+        held.release_slot()
         copy = dead_letter_copy(
             held.message, reason, detail, self.queue.url, self.rules.dead_letter_max_bytes
         )
@@ -344,6 +383,7 @@ class Pipeline:
         return limit is not None and held.message.receive_count >= limit
 
     async def _retry(self, held: Held, error: str) -> Outcome:
+        held.release_slot()
         if self._last_receive(held):
             # The redrive policy would move it on its next receive, without a reason.
             reason = held.reason

@@ -2,7 +2,9 @@
 
 Deletes and visibility changes of single messages are gathered into batches of up to
 ten (the SQS limit) for a few milliseconds; each caller learns whether *its* entry
-succeeded, because only what `...Batch` reports under `Successful` counts.
+succeeded, because only what `...Batch` reports under `Successful` counts. Next-stage
+sends are batched the same way (`BatchSender`): an entry reported under `Failed` was
+not sent (`EntryFailed`); an error of the whole call reaches every entry in it.
 
 Two kinds of visibility change meet here, and their order matters. The keeper's
 *extensions* (`extend`) keep a held message invisible; a *settle* (`delete`, or
@@ -22,7 +24,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import orjson
 
@@ -32,10 +34,15 @@ log = logging.getLogger("sqsinfer.queue")
 
 SQS_BATCH_MAX = 10
 SQS_MAX_ATTRIBUTES = 10
+# The most one SendMessageBatch may carry, all entries together (SQS's oldest limit).
+SQS_BATCH_MAX_BYTES = 262_144
 # How long a delete or visibility change waits for others to share its batch call. A
-# message held a little longer costs nothing (it is invisible anyway); a call saved
-# saves the pod a few milliseconds of CPU in the SDK.
-_LINGER_S = 0.05
+# message held a little longer costs nothing (it is invisible anyway, and holds no slot
+# while its delete waits); a call saved saves the pod a few milliseconds of CPU in the
+# SDK, and the endpoint a request.
+LINGER_S = 0.05
+# A next-stage send waits less: the chain marker's "sent" record follows it.
+SEND_LINGER_S = 0.02
 
 # The attributes of a dead-letter copy. A detail is cut to _DETAIL_MAX_CHARS, and to
 # _DETAIL_MIN_CHARS first when room is short.
@@ -74,6 +81,19 @@ class Message:
 
 
 BatchCall = Callable[[list[dict[str, Any]]], Awaitable[dict[str, Any]]]
+T = TypeVar("T")
+# What one entry's submitter learns, from its item under `Successful` or under `Failed`
+# (None where it is not listed): a value, or an exception raised for it.
+Resolve = Callable[[dict[str, Any] | None, dict[str, Any] | None], T]
+
+
+class EntryFailed(Exception):
+    """The service listed this entry of a batch call under `Failed`: it was not done."""
+
+    def __init__(self, code: str, message: str, sender_fault: bool) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.sender_fault = sender_fault
 
 
 class Extension(StrEnum):
@@ -85,22 +105,47 @@ class Extension(StrEnum):
     SETTLED = "settled"  # settled before the call was made: not sent
 
 
-class Batcher:
-    """Collects single entries into batch calls; each submitter awaits its own result."""
+def _succeeded(ok: dict[str, Any] | None, failed: dict[str, Any] | None) -> bool:
+    return ok is not None
 
-    def __init__(self, name: str, call: BatchCall, linger_s: float = _LINGER_S) -> None:
+
+class EntryBatcher(Generic[T]):
+    """Collects single entries into batch calls; each submitter awaits its own result.
+
+    A batch goes out when it has ten entries, when adding one would pass `max_bytes`
+    (0: no limit; `size` measures an entry), or `linger_s` after its first entry.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        call: BatchCall,
+        resolve: Resolve[T],
+        linger_s: float = LINGER_S,
+        *,
+        max_bytes: int = 0,
+        size: Callable[[dict[str, Any]], int] = lambda entry: 0,
+    ) -> None:
         self.name = name
         self._call = call
+        self._resolve = resolve
         self._linger_s = linger_s
-        self._pending: list[tuple[dict[str, Any], asyncio.Future[bool]]] = []
+        self._max_bytes = max_bytes
+        self._size = size
+        self._pending: list[tuple[dict[str, Any], asyncio.Future[T]]] = []
+        self._pending_bytes = 0
         self._timer: asyncio.TimerHandle | None = None
         self._sending: set[asyncio.Task[None]] = set()
 
-    def submit(self, entry: dict[str, Any]) -> asyncio.Future[bool]:
-        """Queue one entry; the future says whether the service reported it successful."""
+    def submit(self, entry: dict[str, Any]) -> asyncio.Future[T]:
+        """Queue one entry; the future gets what `resolve` makes of the service's answer."""
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[bool] = loop.create_future()
+        future: asyncio.Future[T] = loop.create_future()
+        size = self._size(entry) if self._max_bytes else 0
+        if self._pending and self._pending_bytes + size > self._max_bytes > 0:
+            self._flush()
         self._pending.append((entry, future))
+        self._pending_bytes += size
         if len(self._pending) >= SQS_BATCH_MAX:
             self._flush()
         elif self._timer is None:
@@ -116,35 +161,44 @@ class Batcher:
             task = asyncio.get_running_loop().create_task(self._send(batch))
             self._sending.add(task)
             task.add_done_callback(self._sending.discard)
+        self._pending_bytes = 0
 
-    async def _send(self, batch: list[tuple[dict[str, Any], asyncio.Future[bool]]]) -> None:
+    async def _send(self, batch: list[tuple[dict[str, Any], asyncio.Future[T]]]) -> None:
         entries = [dict(entry, Id=str(i)) for i, (entry, _) in enumerate(batch)]
         try:
             response = await self._call(entries)
-        except Exception as exc:
+        except Exception as exc:  # whatever became of the call, it became of every entry
             for _, future in batch:
                 if not future.done():
                     future.set_exception(exc)
             return
-        ok = {item["Id"] for item in response.get("Successful", [])}
-        for failed in response.get("Failed", []):
+        ok = {item["Id"]: item for item in response.get("Successful", [])}
+        failed = {item["Id"]: item for item in response.get("Failed", [])}
+        for item in failed.values():
             log.warning(
                 "batch entry failed",
-                extra={
-                    "call": self.name,
-                    "code": failed.get("Code"),
-                    "error": failed.get("Message"),
-                },
+                extra={"call": self.name, "code": item.get("Code"), "error": item.get("Message")},
             )
         for i, (_, future) in enumerate(batch):
-            if not future.done():
-                future.set_result(str(i) in ok)
+            if future.done():
+                continue
+            try:
+                future.set_result(self._resolve(ok.get(str(i)), failed.get(str(i))))
+            except Exception as exc:
+                future.set_exception(exc)
 
     async def drain(self) -> None:
         """Send everything queued and wait for the calls in flight."""
         self._flush()
         while self._sending:
             await asyncio.gather(*list(self._sending), return_exceptions=True)
+
+
+class Batcher(EntryBatcher[bool]):
+    """Deletes and visibility changes: each submitter learns whether its entry succeeded."""
+
+    def __init__(self, name: str, call: BatchCall, linger_s: float = LINGER_S) -> None:
+        super().__init__(name, call, _succeeded, linger_s)
 
 
 class SqsQueue:
@@ -405,9 +459,64 @@ class Sender:
         self.url = url
 
     async def send(self, body: str | bytes, attributes: dict[str, Any] | None = None) -> str:
+        """Send one message; its MessageId."""
         text = body.decode() if isinstance(body, bytes) else body
         kwargs: dict[str, Any] = {"QueueUrl": self.url, "MessageBody": text}
         if attributes:
             kwargs["MessageAttributes"] = attributes
         response = await self.client.send_message(**kwargs)
         return str(response["MessageId"])
+
+    async def drain(self) -> None:
+        """Wait for sends gathered but not yet made (none here: each send is its own call)."""
+
+
+def _message_id(ok: dict[str, Any] | None, failed: dict[str, Any] | None) -> str:
+    if ok is not None:
+        return str(ok["MessageId"])
+    failed = failed or {}
+    raise EntryFailed(
+        str(failed.get("Code", "NotListed")),
+        str(failed.get("Message", "the batch answer did not list this entry")),
+        bool(failed.get("SenderFault", False)),
+    )
+
+
+def _entry_size(entry: dict[str, Any]) -> int:
+    return message_size(entry["MessageBody"], entry.get("MessageAttributes", {}))
+
+
+class BatchSender(Sender):
+    """Sends gathered into SendMessageBatch calls (ten at most, `SEND_LINGER_S` apart).
+
+    Each send learns its own fate: its MessageId; `EntryFailed` when SQS listed it under
+    `Failed` (it was not sent); or the error of the whole call, which may have taken
+    effect for every entry in it, exactly as for a single send whose answer was lost.
+    """
+
+    def __init__(self, client: Any, url: str, linger_s: float = SEND_LINGER_S) -> None:
+        super().__init__(client, url)
+        self._batcher = EntryBatcher(
+            "send",
+            self._send_batch,
+            _message_id,
+            linger_s,
+            max_bytes=SQS_BATCH_MAX_BYTES,
+            size=_entry_size,
+        )
+
+    async def send(self, body: str | bytes, attributes: dict[str, Any] | None = None) -> str:
+        text = body.decode() if isinstance(body, bytes) else body
+        entry: dict[str, Any] = {"MessageBody": text}
+        if attributes:
+            entry["MessageAttributes"] = attributes
+        return await self._batcher.submit(entry)
+
+    async def drain(self) -> None:
+        await self._batcher.drain()
+
+    async def _send_batch(self, entries: list[dict[str, Any]]) -> dict[str, Any]:
+        result: dict[str, Any] = await self.client.send_message_batch(
+            QueueUrl=self.url, Entries=entries
+        )
+        return result

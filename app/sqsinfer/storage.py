@@ -1,5 +1,8 @@
 """S3: bounded GET into shared memory, HEAD, and the conditional PUT that commits a result.
 
+The GET of each input and the PUT of each output go through obstore (`DataPath`), the
+rest through the SDK client; both read and write the same objects the same way.
+
 The conditional put (`If-None-Match: *`) is where exactly-once is decided: the first
 writer of a key gets 200, every later one 412, and no output is ever overwritten. The
 chain marker's steps are compare-and-swap writes (`If-Match: <ETag>`).
@@ -11,19 +14,26 @@ import asyncio
 import contextlib
 import logging
 import weakref
+from collections.abc import AsyncIterable, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from multiprocessing import shared_memory
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
+import obstore
 from botocore.exceptions import ClientError
+from obstore.exceptions import AlreadyExistsError, GenericError
+from obstore.store import S3Store
 
 from sqsinfer import shm as shm_names
-from sqsinfer.aws import error_code, http_status
+from sqsinfer.aws import SDK_RETRIES, error_code, http_status
 from sqsinfer.backoff import Backoff
 from sqsinfer.messages import MessageRejected, S3Uri
+
+if TYPE_CHECKING:
+    from obstore.store import ClientConfig
 
 log = logging.getLogger("sqsinfer.storage")
 
@@ -33,7 +43,17 @@ _BODY_ATTEMPTS = 2
 # botocore does not retry it, so the put is retried here, briefly.
 _CONFLICT_BACKOFF = Backoff(base_s=0.05, max_s=0.8)
 _CONFLICT_RETRIES = 5
+_CONFLICT_STATUS = "409 Conflict"  # how object_store's message names S3's 409
+_PUT_BACKOFF = Backoff(base_s=0.1, max_s=2.0)
+# In object_store's message once it retried a call itself (5xx, throttling): not again.
+_SPENT_RETRIES = "max_retries"
 _CREATE_ATTEMPTS = 3
+# What a GET whose body broke off half-way raises (the SDK's, or obstore's).
+_BROKEN_BODY = (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, OSError, GenericError)
+# Request timeouts as the SDK client's: connect 5 s; a whole call (obstore times whole
+# calls, the SDK each read) long enough for the largest input.
+_CONNECT_TIMEOUT = "5s"
+_CALL_TIMEOUT = "300s"
 
 
 class Segments:
@@ -160,10 +180,129 @@ def _age_s(response: dict[str, Any]) -> float:
     return max(0.0, float((now - modified).total_seconds()))
 
 
+class DataPath:
+    """The two S3 calls of every task, the input's GET and the output's conditional PUT,
+    through obstore (the Rust `object_store` crate): about half the client CPU per call
+    of the SDK's (measured: GET of 2 MB into shared memory 2.2 -> 1.6 ms, PUT 1.9 -> 0.4).
+
+    One S3Store per bucket, each built from the worker's own endpoint, region and
+    credentials (`credentials` is the SDK session's, asked again every few minutes), with
+    the SDK's number of retries. Everything else (the HEAD that reads an owner, the chain
+    marker's compare-and-swap writes, whose age comes from the server's Date header)
+    stays on the SDK client. `on_call(operation, failed)` counts each call.
+    """
+
+    def __init__(
+        self,
+        endpoint_url: str,
+        region: str,
+        credentials: Callable[[], Awaitable[dict[str, Any]]],
+        on_call: Callable[[str, bool], None] | None = None,
+    ) -> None:
+        self._endpoint = endpoint_url
+        self._region = region
+        self._credentials = credentials
+        self._on_call = on_call or (lambda operation, failed: None)
+        self._stores: dict[str, S3Store] = {}
+
+    def store(self, bucket: str) -> S3Store:
+        found = self._stores.get(bucket)
+        if found is None:
+            found = self._stores[bucket] = self._new_store(bucket)
+        return found
+
+    def _new_store(self, bucket: str) -> S3Store:
+        options: ClientConfig = {
+            "connect_timeout": _CONNECT_TIMEOUT,
+            "timeout": _CALL_TIMEOUT,
+            "allow_http": self._endpoint.startswith("http:"),
+        }
+        common: dict[str, Any] = {
+            "client_options": options,
+            "retry_config": {"max_retries": SDK_RETRIES},
+            "credential_provider": self._credentials,
+        }
+        if not self._endpoint:  # AWS: addressed by the bucket's host, as the SDK does
+            return S3Store(bucket, region=self._region, virtual_hosted_style_request=True, **common)
+        return S3Store(
+            bucket,
+            region=self._region,
+            endpoint=self._endpoint,
+            virtual_hosted_style_request=False,
+            **common,
+        )
+
+    @contextlib.contextmanager
+    def counted(self, operation: str) -> Iterator[None]:
+        """Count one call; an error answer (a 404) counts as failed, as the SDK's do, but
+        a conditional put's 412 is the answer it asks for: every first delivery of a
+        finished task meets one, and alerts on failed calls must not."""
+        try:
+            yield
+        except AlreadyExistsError as exc:
+            self._on_call(operation, _CONFLICT_STATUS in str(exc))
+            raise
+        except Exception:
+            self._on_call(operation, True)
+            raise
+        self._on_call(operation, False)
+
+    async def get_shared(self, uri: S3Uri, max_bytes: int, segments: Segments) -> SharedInput:
+        with self.counted("GetObject"):
+            try:
+                result = await obstore.get_async(self.store(uri.bucket), uri.key)
+            except FileNotFoundError:
+                raise MessageRejected("input_not_found", f"{uri} does not exist") from None
+        chunks = result.stream(min_chunk_size=_CHUNK_BYTES)
+        return await _into_shared(uri, int(result.meta["size"]), max_bytes, chunks, segments)
+
+    async def put_if_absent(
+        self, uri: S3Uri, body: bytes, metadata: dict[str, str], content_type: str
+    ) -> str | None:
+        """Create the object unless it exists (If-None-Match: *): its ETag, or None on 412.
+
+        object_store reads S3's 409 ConditionalRequestConflict as "exists" too: that one
+        is retried here, as the SDK path does. A PUT that failed in the middle (a dropped
+        connection, which object_store does not retry for a conditional write) is retried
+        too, as the SDK would: if it had landed, the retry's 412 tells, and the caller's
+        HEAD finds its own delivery id there.
+        """
+        attributes: dict[str, str] = {"Content-Type": content_type} | metadata
+        conflicts = failures = 0
+        while True:
+            try:
+                with self.counted("PutObject"):
+                    result = await obstore.put_async(
+                        self.store(uri.bucket),
+                        uri.key,
+                        body,
+                        mode="create",
+                        attributes=attributes,
+                        use_multipart=False,
+                    )
+                return str(result["e_tag"] or "written")
+            except AlreadyExistsError as exc:
+                if _CONFLICT_STATUS not in str(exc):
+                    return None
+                conflicts += 1
+                if conflicts > _CONFLICT_RETRIES:
+                    raise
+                delay_s = _CONFLICT_BACKOFF.delay_s(conflicts - 1)
+            except GenericError as exc:
+                failures += 1
+                if failures > SDK_RETRIES or _SPENT_RETRIES in str(exc):
+                    raise
+                delay_s = _PUT_BACKOFF.delay_s(failures - 1)
+            log.debug("conditional put again", extra={"uri": str(uri), "delay_s": delay_s})
+            await asyncio.sleep(delay_s)
+
+
 @dataclass
 class Storage:
     client: Any  # an aiobotocore S3 client
     segments: Segments = field(default_factory=Segments)
+    # The input's GET and the output's PUT through obstore; None: through the SDK client.
+    data: DataPath | None = None
 
     async def head(self, uri: S3Uri) -> ObjectInfo | None:
         """The object's metadata and age, or None when it does not exist."""
@@ -186,13 +325,15 @@ class Storage:
         for attempt in range(_BODY_ATTEMPTS):
             try:
                 return await self._get_shared_once(uri, max_bytes)
-            except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, OSError) as exc:
+            except _BROKEN_BODY as exc:
                 if attempt + 1 == _BODY_ATTEMPTS:
                     raise
                 log.debug("GET body broke off, again", extra={"uri": str(uri), "error": str(exc)})
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _get_shared_once(self, uri: S3Uri, max_bytes: int) -> SharedInput:
+        if self.data is not None:
+            return await self.data.get_shared(uri, max_bytes, self.segments)
         try:
             response = await self.client.get_object(Bucket=uri.bucket, Key=uri.key)
         except ClientError as exc:
@@ -202,17 +343,16 @@ class Storage:
         body = response["Body"]
         async with body:
             size = int(response["ContentLength"])
-            if size > max_bytes:
-                raise MessageRejected(
-                    "input_too_large", f"{uri} is {size} bytes, limit {max_bytes}"
-                )
-            shared = SharedInput(size, self.segments)
-            try:
-                await _read_into(body, shared)
-            except BaseException:
-                shared.close()
-                raise
-        return shared
+            chunks = body.iter_chunks(_CHUNK_BYTES)
+            return await _into_shared(uri, size, max_bytes, chunks, self.segments)
+
+    async def commit(
+        self, uri: S3Uri, body: bytes, metadata: dict[str, str], content_type: str
+    ) -> str | None:
+        """`put_if_absent` of an output: through the data path when there is one."""
+        if self.data is not None:
+            return await self.data.put_if_absent(uri, body, metadata, content_type)
+        return await self.put_if_absent(uri, body, metadata, content_type)
 
     async def put_if_absent(
         self, uri: S3Uri, body: bytes, metadata: dict[str, str], content_type: str
@@ -256,9 +396,25 @@ class Storage:
         raise AssertionError("unreachable")  # pragma: no cover
 
 
-async def _read_into(body: Any, shared: SharedInput) -> None:
+async def _into_shared(
+    uri: S3Uri, size: int, max_bytes: int, chunks: AsyncIterable[Any], segments: Segments
+) -> SharedInput:
+    """The object's body (`chunks`, not read yet) in shared memory, unless it is too large:
+    refused before a byte of it is read or a segment made."""
+    if size > max_bytes:
+        raise MessageRejected("input_too_large", f"{uri} is {size} bytes, limit {max_bytes}")
+    shared = SharedInput(size, segments)
+    try:
+        await _read_into(chunks, shared)
+    except BaseException:
+        shared.close()
+        raise
+    return shared
+
+
+async def _read_into(chunks: AsyncIterable[Any], shared: SharedInput) -> None:
     offset = 0
-    async for chunk in body.iter_chunks(_CHUNK_BYTES):
+    async for chunk in chunks:
         if offset + len(chunk) > shared.size:
             raise OSError("S3 sent more bytes than its Content-Length")
         shared.write_at(offset, chunk)

@@ -1,8 +1,12 @@
 """The worker's lifecycle: startup → main loop → shutdown. It orchestrates, nothing more.
 
 - startup: health server, model hash, AWS clients, queue checks, pool warm-up, ready.
-- main loop: receive only while there is capacity (processes × prefetch in flight), and
-  start one pipeline task per message.
+- main loop: receive whenever a batch worth the call fits under the in-flight limit, and
+  start one pipeline task per message. A message holds one of the limit's slots from its
+  receive until its input is no longer needed and its result is committed (or its
+  outcome otherwise decided); its chain link and its batched delete run without one,
+  under a hard cap on everything held. The limit is pinned (`prefetch` N) or, with
+  `prefetch` auto, sized by Little's law from measured times (`InFlightLimit`).
 - shutdown (SIGTERM/SIGINT, or `stop()`): not ready; stop receiving; release messages
   whose work has not started; let started tasks finish until the drain deadline; then
   cancel the rest (their messages are released); close the pool. A second signal skips
@@ -15,8 +19,11 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import math
+import shutil
 import signal
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -31,15 +38,97 @@ from sqsinfer.outcomes import Outcome
 from sqsinfer.pipeline import FINISHING_STEPS, Held, Pipeline
 from sqsinfer.pool import InferencePool, PoolConfig
 from sqsinfer.preflight import Preflight, StartupError, StoppedWhileStarting
-from sqsinfer.queue import Message, Sender, SqsQueue
-from sqsinfer.storage import Storage
+from sqsinfer.queue import BatchSender, Message, Sender, SqsQueue
+from sqsinfer.storage import DataPath, Storage
 from sqsinfer.visibility import VisibilityKeeper
 
 log = logging.getLogger("sqsinfer.worker")
 
 _RECEIVE_BACKOFF = Backoff(base_s=1.0, max_s=20.0)
-__all__ = ["StartupError", "Worker", "run_worker"]
+__all__ = ["InFlightLimit", "StartupError", "Worker", "run_worker"]
 _IDLE_TICK_S = 1.0
+# Everything held (slots, plus messages whose link or delete is under way) stays within
+# this many times the limit: a stalled delete path stops receiving, not grows memory.
+HELD_CAP_FACTOR = 2
+# A receive is worth its call once this share of the limit is free (and at least one,
+# at most a full batch): fewer calls than one per freed slot, no process left waiting.
+RECEIVE_SHARE = 0.25
+SQS_BATCH_MAX = 10
+LIMIT_ALPHA = 0.05  # the averages behind the auto limit follow about the last 20 tasks
+_SHM_DIR = "/dev/shm"
+
+
+@dataclass
+class Ema:
+    """An exponential moving average (None until the first sample)."""
+
+    alpha: float
+    value: float | None = None
+
+    def add(self, sample: float) -> float:
+        self.value = (
+            sample if self.value is None else self.value + self.alpha * (sample - self.value)
+        )
+        return self.value
+
+
+@dataclass
+class InFlightLimit:
+    """How many messages may hold a slot at once.
+
+    Pinned (`prefetch` N: processes × N), or auto: Little's law. A slot is held for the
+    message's I/O (its HEAD, GET, commit, and the receive that refills it) and for its
+    compute; each process stays fed when processes × (1 + io / compute) messages hold
+    slots. `HEADROOM` covers the spread around the averages. Bounded by `ceiling`
+    (processes × max_prefetch, and what /dev/shm can hold at max_input_bytes each).
+    """
+
+    processes: int
+    value: int
+    auto: bool
+    ceiling: int
+    io_s: Ema = dataclasses.field(default_factory=lambda: Ema(LIMIT_ALPHA))
+    compute_s: Ema = dataclasses.field(default_factory=lambda: Ema(LIMIT_ALPHA))
+    receive_s: Ema = dataclasses.field(default_factory=lambda: Ema(LIMIT_ALPHA))
+    samples: int = 0
+
+    HEADROOM = 1.2
+
+    @classmethod
+    def from_settings(cls, s: config.Settings) -> InFlightLimit:
+        ceiling = s.max_in_flight_limit
+        if s.auto_prefetch:
+            ceiling = max(s.processes, min(ceiling, _shm_slots(s.max_input_bytes)))
+        return cls(s.processes, min(s.in_flight_limit, ceiling), s.auto_prefetch, ceiling)
+
+    @property
+    def receive_batch(self) -> int:
+        """The free slots that make a receive worth its call."""
+        return max(1, min(SQS_BATCH_MAX, math.ceil(self.value * RECEIVE_SHARE)))
+
+    def observe_receive(self, seconds: float) -> None:
+        self.receive_s.add(seconds)
+
+    def observe_task(self, io_s: float, compute_s: float) -> int | None:
+        """Note one message's I/O and compute time; the new limit when it changes."""
+        io, compute = self.io_s.add(io_s), self.compute_s.add(compute_s)
+        self.samples += 1
+        if not self.auto or self.samples < self.processes * 2 or compute <= 0:
+            return None
+        wanted = self.processes * (1 + (io + (self.receive_s.value or 0.0)) / compute)
+        wanted = min(float(self.ceiling), max(float(self.processes), wanted * self.HEADROOM))
+        if abs(wanted - self.value) < 1.0:  # hysteresis: no change for noise around it
+            return None
+        self.value = round(wanted)
+        return self.value
+
+
+def _shm_slots(max_input_bytes: int) -> int:
+    """How many inputs of the largest size /dev/shm holds (a large number when unknown)."""
+    try:
+        return max(1, shutil.disk_usage(_SHM_DIR).total // max_input_bytes)
+    except OSError:
+        return 1 << 30
 
 
 class Worker:
@@ -66,12 +155,9 @@ class Worker:
             ),
             self.metrics,
         )
-        self.metrics.in_flight_limit.set(settings.in_flight_limit)
+        self.limit = InFlightLimit.from_settings(settings)
+        self.metrics.in_flight_limit.set(self.limit.value)
         self.metrics.child_rss.pids = self.pool.pids
-        # Receive once the held messages are down to one per process, not at every freed
-        # slot: the processes still have work, and a receive then brings several
-        # messages instead of one (each SQS call costs the pod milliseconds of CPU).
-        self._receive_threshold = max(1, settings.in_flight_limit - settings.processes)
         self._wake = asyncio.Event()
         self._exit_requested = asyncio.Event()
         self._background: list[asyncio.Task[Any]] = []
@@ -95,7 +181,7 @@ class Worker:
 
     def _clients(self) -> contextlib.AbstractAsyncContextManager[Clients]:
         s = self.settings
-        return open_clients(s.region, s.endpoint_url, s.in_flight_limit, s.wait_time_s + 30.0)
+        return open_clients(s.region, s.endpoint_url, self.limit.ceiling, s.wait_time_s + 30.0)
 
     def stop(self) -> None:
         """Ask the worker to stop; asking again forces it (no wait for the drain)."""
@@ -148,11 +234,18 @@ class Worker:
                 max_message_bytes=s.max_message_bytes,
                 dead_letter_max_bytes=found.dlq_max_message_bytes,
             ),
-            storage=Storage(clients.s3),
+            storage=Storage(
+                clients.s3,
+                data=DataPath(
+                    s.endpoint_url, s.region, clients.credentials, self.metrics.count_call
+                ),
+            ),
             queue=queue,
             dead_letters=Sender(clients.sqs, found.dlq_url),
             next_stage=(
-                Sender(clients.sqs_single_attempt, s.next_queue_url) if s.next_queue_url else None
+                BatchSender(clients.sqs_single_attempt, s.next_queue_url)
+                if s.next_queue_url
+                else None
             ),
             pool=self.pool,
             metrics=self.metrics,
@@ -173,15 +266,22 @@ class Worker:
     # -- main loop --------------------------------------------------------------------
     async def main_loop(self, pipeline: Pipeline) -> None:
         self.ready = True
-        log.info("ready", extra={"in_flight_limit": self.settings.in_flight_limit})
+        log.info(
+            "ready",
+            extra={
+                "in_flight_limit": self.limit.value,
+                "auto": self.limit.auto,
+                "ceiling": self.limit.ceiling,
+            },
+        )
         failures = 0
         while not self.should_exit:
             self.last_progress = time.monotonic()
-            capacity = self.settings.in_flight_limit - len(self.held)
-            if capacity < self._receive_threshold:
+            room = self.room()
+            if room < self.limit.receive_batch:
                 await self._wait_for_wake(_IDLE_TICK_S)
                 continue
-            messages = await self._receive(pipeline.queue, capacity)
+            messages = await self._receive(pipeline.queue, room)
             if messages is None:
                 failures += 1
                 await self._wait_for_wake(_RECEIVE_BACKOFF.delay_s(failures - 1))
@@ -212,23 +312,58 @@ class Worker:
             log.warning("receive failed", extra={"error": str(exc)})
             return None
         self.last_receive_ok = True
-        self.metrics.observe(Phase.RECEIVE, time.perf_counter() - started)
+        spent_s = time.perf_counter() - started
+        self.metrics.observe(Phase.RECEIVE, spent_s)
+        if messages:  # an empty long poll says nothing of how fast slots refill
+            self.limit.observe_receive(spent_s)
         return messages
 
+    def working(self) -> int:
+        """Held messages that hold a slot (their input or result still in hand)."""
+        return sum(1 for held in self.held.values() if not held.slot_released)
+
+    def room(self) -> int:
+        """Messages a receive may bring now: free slots, within the cap on all held."""
+        cap = HELD_CAP_FACTOR * self.limit.value
+        return max(0, min(self.limit.value - self.working(), cap - len(self.held)))
+
     def _start(self, pipeline: Pipeline, message: Message) -> None:
-        held = Held(message)
+        held = Held(message, on_release=self._released)
         task = asyncio.create_task(pipeline.handle(held), name=f"message-{message.message_id}")
         self.held[task] = held
         assert self.keeper is not None  # made by startup
         self.keeper.add(message)
-        self.metrics.in_flight.set(len(self.held))
+        self.metrics.in_flight.set(self.working())
         task.add_done_callback(self._finished)
+
+    def _released(self, held: Held) -> None:
+        """A message gave its slot back: refill it, and learn from its times."""
+        self.metrics.in_flight.set(self.working())
+        self._wake.set()
+        compute_s = held.compute_s()
+        if compute_s is None:
+            return
+        held_s = time.monotonic() - held.message.received_at
+        io_s = max(0.0, held_s - compute_s - held.timings.get(Phase.WAIT_PROCESS.value, 0.0))
+        before = self.limit.value
+        if self.limit.observe_task(io_s, compute_s) is not None:
+            self.metrics.in_flight_limit.set(self.limit.value)
+            log.info(
+                "in-flight limit changed",
+                extra={
+                    "from": before,
+                    "to": self.limit.value,
+                    "io_ms": round(1000 * (self.limit.io_s.value or 0.0), 1),
+                    "compute_ms": round(1000 * (self.limit.compute_s.value or 0.0), 1),
+                    "receive_ms": round(1000 * (self.limit.receive_s.value or 0.0), 1),
+                },
+            )
 
     def _finished(self, task: asyncio.Task[Outcome]) -> None:
         held = self.held.pop(task, None)
         if held is not None and self.keeper is not None:
             self.keeper.discard(held.message)
-        self.metrics.in_flight.set(len(self.held))
+        self.metrics.in_flight.set(self.working())
         self._wake.set()
 
     def _expire(self, message: Message) -> None:
@@ -262,6 +397,8 @@ class Worker:
         for task in self._background:
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
+        if pipeline.next_stage is not None:
+            await pipeline.next_stage.drain()
         await pipeline.queue.drain()
         log.info("stopped", extra={"outcomes": dict(self.metrics.outcomes)})
 

@@ -672,6 +672,8 @@ def test_queue_length_matches_the_workers_process_count(
     rendered = render(chart, values)
     assert sqs_trigger(rendered)["metadata"]["queueLength"] == str(processes * 3)
     assert rendered.env()["SQSINFER_PROCESSES"] == "0"  # the worker derives the same count
+    del values["worker"]  # auto: where it starts, 2 per process
+    assert sqs_trigger(render(chart, values))["metadata"]["queueLength"] == str(processes * 2)
 
 
 def test_queue_length_override_and_scale_options(chart: helm.Chart) -> None:
@@ -734,7 +736,9 @@ def volumes(rendered: Rendered) -> tuple[dict[str, Any], dict[str, str]]:
 @pytest.mark.parametrize(
     ("values", "size"),
     [
-        ({}, f"{2 * 2 * 64 + 64}Mi"),  # 2 CPUs x prefetch 2 x 64 MiB + headroom
+        ({}, f"{2 * 8 * 64 + 64}Mi"),  # 2 CPUs x max_prefetch 8 (auto) x 64 MiB + headroom
+        ({"worker": {"max_prefetch": 3}}, f"{2 * 3 * 64 + 64}Mi"),
+        ({"worker": {"prefetch": 2}}, f"{2 * 2 * 64 + 64}Mi"),  # pinned: its own count
         (
             {"worker": {"processes": 3, "prefetch": 4, "max_input_bytes": 10 * MiB + 1}},
             f"{3 * 4 * 10 * MiB // MiB + 1 + 64}Mi",
@@ -814,6 +818,9 @@ BAD_VALUES = [  # (values, where the schema finds the fault)
     ({"worker": {"output_format": "csv"}}, "/worker/output_format"),
     ({"worker": {"health_port": 0}}, "/worker/health_port"),
     ({"worker": {"prefetch": 0}}, "/worker/prefetch"),
+    ({"worker": {"prefetch": "often"}}, "/worker/prefetch"),
+    ({"worker": {"max_prefetch": 0}}, "/worker/max_prefetch"),
+    ({"worker": {"always_head_output": "yes"}}, "/worker/always_head_output"),
     ({"worker": {"drain_deadline_s": "25s"}}, "/worker/drain_deadline_s"),
     ({"worker": {"wait_time_s": 30}}, "/worker/wait_time_s"),
     ({"worker": {"model_sha256": "not-a-hash"}}, "/worker/model_sha256"),

@@ -31,6 +31,19 @@ def test_environment_is_read_and_flags_win(env):
     assert s.in_flight_limit == s.processes * 5
 
 
+def test_prefetch_is_auto_unless_a_number_pins_it(env):
+    auto = Settings.load(env | {"SQSINFER_PROCESSES": "2"})
+    assert (auto.prefetch, auto.auto_prefetch, auto.always_head_output) == ("auto", True, False)
+    assert (auto.in_flight_limit, auto.max_in_flight_limit) == (4, 16)
+    pinned = Settings.load(
+        env | {"SQSINFER_PROCESSES": "2", "SQSINFER_PREFETCH": "3"},
+        {"always_head_output": "true"},
+    )
+    assert (pinned.prefetch, pinned.auto_prefetch, pinned.always_head_output) == (3, False, True)
+    assert (pinned.in_flight_limit, pinned.max_in_flight_limit) == (6, 6)
+    assert Settings.load(env | {"SQSINFER_PREFETCH": "AUTO"}).auto_prefetch
+
+
 def test_every_setting_has_an_environment_name_and_a_flag():
     assert len(config.ENV_NAMES) == len(set(config.ENV_NAMES))
     assert all(name.startswith("SQSINFER_") for name in config.ENV_NAMES)
@@ -59,6 +72,9 @@ def test_available_cpus_respects_affinity():
         ({"SQSINFER_PROCESSES": "two"}, "SQSINFER_PROCESSES"),
         ({"SQSINFER_PROCESSES": "-1"}, "SQSINFER_PROCESSES"),
         ({"SQSINFER_PREFETCH": "0"}, "SQSINFER_PREFETCH"),
+        ({"SQSINFER_PREFETCH": "often"}, "SQSINFER_PREFETCH"),
+        ({"SQSINFER_MAX_PREFETCH": "0"}, "SQSINFER_MAX_PREFETCH"),
+        ({"SQSINFER_ALWAYS_HEAD_OUTPUT": "maybe"}, "SQSINFER_ALWAYS_HEAD_OUTPUT"),
         ({"SQSINFER_WAIT_TIME_S": "25"}, "SQSINFER_WAIT_TIME_S"),
         ({"SQSINFER_OUTPUT_FORMAT": "xml"}, "SQSINFER_OUTPUT_FORMAT"),
         ({"SQSINFER_MODEL_SHA256": "abc"}, "SQSINFER_MODEL_SHA256"),

@@ -1,4 +1,4 @@
-"""Batching of deletes and visibility changes: each entry learns its own fate."""
+"""Batching of deletes, visibility changes and sends: each entry learns its own fate."""
 
 from __future__ import annotations
 
@@ -14,7 +14,10 @@ from sqsinfer.queue import (
     REASON_ATTR,
     SOURCE_ID_ATTR,
     SOURCE_QUEUE_ATTR,
+    SQS_BATCH_MAX_BYTES,
     Batcher,
+    BatchSender,
+    EntryFailed,
     Message,
     SqsQueue,
     dead_letter_attributes,
@@ -141,3 +144,56 @@ def test_binary_attributes_count_toward_the_size():
     assert "blob" in copy.attributes
     copy = copy_of("x" * 2500, attrs, max_bytes=4096)
     assert "blob" not in copy.attributes and copy.body == "x" * 2500
+
+
+# -- next-stage sends in batches ----------------------------------------------------------
+
+
+class _SendBatches:
+    """SendMessageBatch as SQS answers it, with chosen bodies listed under `Failed`."""
+
+    def __init__(self, failing: set[str] = frozenset(), error: Exception | None = None) -> None:
+        self.calls: list[list[dict[str, Any]]] = []
+        self.failing = failing
+        self.error = error
+
+    async def send_message_batch(self, QueueUrl: str, Entries: list[dict[str, Any]]):
+        self.calls.append(Entries)
+        if self.error is not None:
+            raise self.error
+        ok = [e for e in Entries if e["MessageBody"] not in self.failing]
+        bad = [e for e in Entries if e["MessageBody"] in self.failing]
+        return {
+            "Successful": [{"Id": e["Id"], "MessageId": "id-" + e["MessageBody"]} for e in ok],
+            "Failed": [
+                {"Id": e["Id"], "SenderFault": False, "Code": "InternalError", "Message": "no"}
+                for e in bad
+            ],
+        }
+
+
+async def test_a_send_entry_listed_as_failed_raises_for_that_send_only():
+    client = _SendBatches(failing={"b"})
+    sender = BatchSender(client, "https://queue")
+    results = await asyncio.gather(*(sender.send(b) for b in "abc"), return_exceptions=True)
+    assert len(client.calls) == 1  # the three shared one call
+    assert results[0] == "id-a" and results[2] == "id-c"
+    assert isinstance(results[1], EntryFailed) and results[1].code == "InternalError"
+    assert not results[1].sender_fault
+
+
+async def test_a_failed_send_call_reaches_every_send_in_its_batch():
+    lost = TimeoutError("no answer")
+    sender = BatchSender(_SendBatches(error=lost), "https://queue")
+    results = await asyncio.gather(*(sender.send(b) for b in "abc"), return_exceptions=True)
+    assert results == [lost, lost, lost]
+
+
+async def test_sends_are_split_to_keep_each_batch_within_the_size_sqs_accepts():
+    client = _SendBatches()
+    sender = BatchSender(client, "https://queue")
+    bodies = [str(i) * (SQS_BATCH_MAX_BYTES // 3 + 1) for i in range(5)]  # two fit, not three
+    assert await asyncio.gather(*(sender.send(b) for b in bodies)) == ["id-" + b for b in bodies]
+    assert [len(c) for c in client.calls] == [2, 2, 1]
+    for call in client.calls:
+        assert sum(len(e["MessageBody"].encode()) for e in call) <= SQS_BATCH_MAX_BYTES

@@ -6,14 +6,15 @@ import asyncio
 import json
 
 import numpy as np
+from aiohttp import web
 
 from sqsinfer.aws import open_clients
 from sqsinfer.chain import SEND_ATTEMPTS, Delivery, Linker
 from sqsinfer.lab import synthetic
-from sqsinfer.lab.faults import FaultPlan
+from sqsinfer.lab.faults import FaultPlan, FaultProxy
 from sqsinfer.messages import S3Uri, Task
 from sqsinfer.metrics import Metrics
-from sqsinfer.queue import Sender
+from sqsinfer.queue import BatchSender, Sender
 from sqsinfer.storage import Storage
 from tests.conftest import Stage, eventually, fault_proxy, outcome_count, running, sample
 from tests.worker.test_lifecycle import Poacher
@@ -241,14 +242,14 @@ async def test_waiting_for_another_deliverys_link_holds_the_message(stage: Stage
 async def test_a_send_sqs_refused_hands_the_link_back_clean(stage: Stage, make_settings):
     """Refused on every attempt: nothing went out, so the next delivery counts nothing."""
     stage.send({"task_id": "m4", "input": _input(stage, "a.npy")})
-    async with fault_proxy(stage, FaultPlan(refusing={"SendMessage": 1.0})) as proxy:
+    async with fault_proxy(stage, FaultPlan(refusing={"SendMessageBatch": 1.0})) as proxy:
         settings = _scripted(make_settings, stage, endpoint_url=proxy.url, chain_settle_s=600)
         async with running(settings) as worker:
             await eventually(lambda: outcome_count(worker, "committed") == 1)
             assert _marker(stage, "m4")["state"] == "released"
             proxy.plan.refusing = {}
             await eventually(lambda: outcome_count(worker, "duplicate") == 1)
-    assert proxy.counts["sqs:SendMessage_400"] == SEND_ATTEMPTS
+    assert proxy.counts["sqs:SendMessageBatch_400"] == SEND_ATTEMPTS
     assert _next_inputs(stage) == [f"s3://{stage.bucket}/out/m4.npy"]
     assert _counted(worker) == (0, 0)
     assert _marker(stage, "m4")["state"] == "sent"
@@ -278,3 +279,79 @@ async def test_an_owner_whose_sent_link_was_taken_over_and_sent_counts_it_certai
     assert sample(taker_metrics, name, kind="possible") == 1
     assert sample(owner_metrics, name, kind="certain") == 1
     assert _marker(stage, "t")["delivery"] == "second"
+
+
+class _FailingEntries(FaultProxy):
+    """Answers SendMessageBatch, while `failing`, with every entry listed under `Failed`
+    (as SQS does for entries it did not take), sending nothing."""
+
+    failing = True
+    answered = 0
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        if self.failing and request.headers.get("X-Amz-Target", "").endswith(".SendMessageBatch"):
+            entries = json.loads(await request.read())["Entries"]
+            self.answered += 1
+            failed = [
+                {"Id": e["Id"], "SenderFault": False, "Code": "InternalError", "Message": "no"}
+                for e in entries
+            ]
+            return web.json_response(
+                {"Successful": [], "Failed": failed}, content_type="application/x-amz-json-1.0"
+            )
+        return await super()._handle(request)
+
+
+async def test_a_send_listed_as_failed_in_its_batch_hands_the_link_back_clean(
+    stage: Stage, make_settings
+):
+    """SQS answered the batch and named this entry failed: it was not sent, nothing counted."""
+    stage.send({"task_id": "m5", "input": _input(stage, "a.npy")})
+    proxy = _FailingEntries(stage.endpoint, FaultPlan())
+    await proxy.start()
+    try:
+        settings = _scripted(make_settings, stage, endpoint_url=proxy.url, chain_settle_s=600)
+        async with running(settings) as worker:
+            await eventually(lambda: outcome_count(worker, "committed") == 1)
+            assert _marker(stage, "m5")["state"] == "released"
+            assert proxy.answered == SEND_ATTEMPTS
+            proxy.failing = False
+            await eventually(lambda: outcome_count(worker, "duplicate") == 1)
+    finally:
+        await proxy.stop()
+    assert _next_inputs(stage) == [f"s3://{stage.bucket}/out/m5.npy"]
+    assert _counted(worker) == (0, 0)
+    assert _marker(stage, "m5")["state"] == "sent"
+
+
+async def test_a_lost_batch_answer_counts_a_possible_duplicate_for_each_link_in_it(stage: Stage):
+    """Two links share one SendMessageBatch whose answer is lost: either may have gone out."""
+    tasks = [
+        Task(t, S3Uri(stage.bucket, f"in/{t}"), S3Uri(stage.bucket, f"out/{t}.npy"), "npy", "npy")
+        for t in ("x", "y")
+    ]
+    metrics = Metrics()
+    next_queue = stage.next_url.rsplit("/", 1)[1]
+    plan = FaultPlan(send_drop=1.0, send_drop_queue=next_queue, limits={"sqs:send_dropped": 1})
+    async with (
+        fault_proxy(stage, plan) as proxy,
+        open_clients("us-east-1", proxy.url) as clients,
+    ):
+        storage = Storage(clients.s3)
+        sender = BatchSender(clients.sqs_single_attempt, stage.next_url)
+        linker = Linker(storage, sender, metrics, settle_s=600)
+        links = []
+        for task in tasks:
+            delivery = Delivery(f"d-{task.task_id}", f"m-{task.task_id}", task.task_id)
+            claim = await linker.claim(delivery, task.output, lambda: None)
+            assert claim is not None
+            links.append(linker.hand_on(delivery, task, claim))
+        await asyncio.gather(*links)  # both sends are gathered into one batch
+    assert proxy.counts["sqs:send_dropped"] == 1
+    # One answer lost, yet both links count a possible duplicate: both were in that call.
+    assert proxy.seen["SendMessageBatch"] >= 2
+    sent = sorted(_next_inputs(stage))
+    assert sent == [f"s3://{stage.bucket}/out/{t}.npy" for t in ("x", "x", "y", "y")]
+    name = "sqsinfer_chain_duplicates_total"
+    assert sample(metrics, name, kind="possible") == 2
+    assert all(_marker(stage, t)["state"] == "sent" for t in ("x", "y"))

@@ -152,7 +152,9 @@ async def test_a_failed_delete_after_a_commit_keeps_the_outcome_committed(
             make_settings, endpoint_url=proxy.url, visibility_timeout_s=4, heartbeat_s=1
         )
         async with running(settings) as worker:
-            await eventually(lambda: proxy.counts["sqs:DeleteMessageBatch_500"] == SDK_ATTEMPTS)
+            # Failed past the SDK's retries (the next delivery's delete may already be failing
+            # too by the time this is looked at: at least, not exactly).
+            await eventually(lambda: proxy.counts["sqs:DeleteMessageBatch_500"] >= SDK_ATTEMPTS)
             await eventually(lambda: sum(worker.metrics.outcomes.values()) == 1)
             proxy.plan.failing = {}
             await eventually(lambda: outcome_count(worker, "duplicate") == 1)

@@ -55,7 +55,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--scenarios", default="", help="comma-separated subset (default: all)")
     p.add_argument("--processes", type=int, default=0, help="processes (default: usable CPUs)")
     p.add_argument("--threads-per-process", type=int, default=1, help="model threads (1)")
-    p.add_argument("--prefetch", type=int, default=2, help="worker prefetch per process (2)")
+    p.add_argument(
+        "--prefetch",
+        type=_prefetch,
+        default="auto",
+        help="the worker's prefetch: auto (its default) or messages per process",
+    )
     p.add_argument(
         "--queue-depth", type=int, default=20, help="messages the feeder keeps waiting (20)"
     )
@@ -80,6 +85,15 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--log-level", default="WARNING", help="log level of the bench (WARNING)")
     p.set_defaults(func=cmd_bench)
+
+
+def _prefetch(text: str) -> int | str:
+    if text == "auto":
+        return text
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("auto or at least 1")
+    return value
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

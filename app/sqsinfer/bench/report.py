@@ -297,6 +297,16 @@ def _handoff_line(handoff: dict[str, Any]) -> str:
     )
 
 
+def _busy_detail(ours: dict[str, Any]) -> str:
+    """Where the worker's busy share came from, its cross-check and its in-flight limit."""
+    parts = []
+    if ours.get("busy_share_from_logs") is not None:
+        parts.append(f"/metrics; {ours['busy_share_from_logs']:.2f} from the task lines")
+    if ours.get("in_flight_limit") is not None:
+        parts.append(f"in-flight limit at the end {ours['in_flight_limit']}")
+    return f" ({', '.join(parts)})" if parts else ""
+
+
 def table(report: dict[str, Any]) -> str:
     w = report["workload"]
     m = report["machine"]
@@ -332,8 +342,8 @@ def table(report: dict[str, Any]) -> str:
         f"(load per request {ratio('vs_http_service_load_per_request')}); "
         f"sqsinfer / naive {ratio('vs_naive')}; "
         f"sqsinfer / emulator ceiling {ratio('vs_emulator_ceiling')}",
-        f"busy share: the inference processes computed {ratio('busy_share')} of the window; "
-        "the machine's CPUs were "
+        f"busy share: the inference processes computed {ratio('busy_share')} of the window"
+        f"{_busy_detail(report['scenarios'].get('sqsinfer', {}))}; the machine's CPUs were "
         + ", ".join(
             f"{name} {_fmt((res.get('cpu_bound') or {}).get('cpu_utilization'), '.0%', 1)}"
             for name, res in report["scenarios"].items()

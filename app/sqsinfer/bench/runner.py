@@ -24,6 +24,7 @@ from typing import Any
 import orjson
 import psutil
 
+from sqsinfer import config
 from sqsinfer.bench import emulator, probe, profile
 from sqsinfer.bench.workload import Regime
 from sqsinfer.lab import feeder as feeding
@@ -99,7 +100,7 @@ class Context:
     seed: int
     processes: int
     threads: int
-    prefetch: int
+    prefetch: int | str  # "auto", or messages per process
     queue_depth: int
     model_path: str
     inputs: list[bytes]
@@ -113,11 +114,18 @@ class Context:
     cpus: int = 0  # CPUs the machine gives this run (for the CPU-bound estimate)
 
     def in_flight(self, name: str) -> int:
+        """Messages the scenario may hold at once (the feeder keeps the depth beyond them)."""
         if name == "naive":
             return self.processes
+        per_process = self.prefetch
+        if not isinstance(per_process, int):
+            # auto: the worker may reach its max_prefetch; the other consumers keep the
+            # fixed prefetch they were measured with before auto existed.
+            auto = config.Settings.max_prefetch if name == "sqsinfer" else 0
+            per_process = auto or config.AUTO_START_PREFETCH
         if name == "emulator-ceiling":
-            return max(feeding.SQS_BATCH, self.processes * self.prefetch)
-        return self.processes * self.prefetch
+            return max(feeding.SQS_BATCH, self.processes * per_process)
+        return self.processes * per_process
 
 
 @dataclass
@@ -433,19 +441,41 @@ def _round(value: float | None) -> float | None:
 
 _RECEIVE_SUM = 'sqsinfer_phase_seconds_sum{phase="receive"}'
 _RECEIVE_COUNT = 'sqsinfer_phase_seconds_count{phase="receive"}'
+_BUSY = "sqsinfer_process_busy_seconds_total"
+_LIMIT = "sqsinfer_in_flight_limit"
+_CALLS = "sqsinfer_aws_requests_total"
 
 
 def _sqsinfer_extras(
     result: dict[str, Any], tracker: Tracker, first: Snapshot, last: Snapshot
 ) -> None:
-    """The worker's own figures: its receive calls in the window (from its /metrics)
-    and its pool start-up (from its log)."""
+    """The worker's own figures from its /metrics over the window: its receive calls, the
+    busy share of its processes, its in-flight limit and AWS calls per task; and its pool
+    start-up (from its log). The busy share from /metrics replaces the one from the task
+    lines (kept beside it: the two should agree)."""
     result["pool_ready_s"] = tracker.facts.get("pool ready", {}).get("startup_s")
-    calls = last.worker.get(_RECEIVE_COUNT, 0.0) - first.worker.get(_RECEIVE_COUNT, 0.0)
-    spent_s = last.worker.get(_RECEIVE_SUM, 0.0) - first.worker.get(_RECEIVE_SUM, 0.0)
+    tasks = max(1, last.done - first.done)
+
+    def delta(name: str) -> float:
+        return last.worker.get(name, 0.0) - first.worker.get(name, 0.0)
+
+    calls = delta(_RECEIVE_COUNT)
     if calls > 0:
-        result["phases_ms"]["receive"] = _ms(spent_s / calls)
-        result["receive_calls_per_task"] = round(calls / max(1, last.done - first.done), 3)
+        result["phases_ms"]["receive"] = _ms(delta(_RECEIVE_SUM) / calls)
+        result["receive_calls_per_task"] = round(calls / tasks, 3)
+    window_s = last.at - first.at
+    if _BUSY in last.worker and window_s > 0:
+        result["busy_share_from_logs"] = result["busy_share"]
+        result["busy_share"] = round(delta(_BUSY) / (window_s * int(result["processes"])), 3)
+    if _LIMIT in last.worker:
+        result["in_flight_limit"] = int(last.worker[_LIMIT])
+    per_operation = {
+        key.split('"')[1]: round(delta(key) / tasks, 3)
+        for key in last.worker
+        if key.startswith(_CALLS + "{") and delta(key) > 0
+    }
+    if per_operation:
+        result["aws_calls_per_task"] = per_operation
 
 
 def run_scenario(ctx: Context, scenario: Scenario, s3: Any, sqs: Any) -> dict[str, Any]:

@@ -50,6 +50,7 @@ DROP_DEFAULT_OPERATIONS = frozenset(
     {"GetObject", "PutObject", "ReceiveMessage", "DeleteMessageBatch"}
 )
 VISIBILITY_OPERATIONS = frozenset({"ChangeMessageVisibility", "ChangeMessageVisibilityBatch"})
+SEND_OPERATIONS = frozenset({"SendMessage", "SendMessageBatch"})  # next-stage sends are batched
 MARKER_SUFFIX = ".chain"
 # A burst of this many failures outlasts the SDK's own retries: the call itself fails.
 SDK_ATTEMPTS = SDK_RETRIES + 1
@@ -356,7 +357,7 @@ class FaultProxy:
     def _dropped(self, op: Operation) -> str:
         """The kind of answer drop chosen for this request, or ''."""
         p = self.plan
-        sending = op.name == "SendMessage" and op.queue.endswith(p.send_drop_queue)
+        sending = op.name in SEND_OPERATIONS and op.queue.endswith(p.send_drop_queue)
         if sending and self._chance(p.send_drop) and self._allowed(op, "send_dropped"):
             return "send_dropped"
         if op.name in p.drop_operations and self._chance(p.drop) and self._allowed(op, "dropped"):

@@ -45,6 +45,7 @@ NO_REASON = "max_receive_count"  # moved by the queue's redrive policy: no sqsin
 _OWN_PREFIX = "sqsinfer."
 _STALE_ROUNDS = 3  # receives in a row that bring only messages already seen: done
 _RELEASE_CHUNK = 4 * SQS_BATCH_MAX
+_ANSWER_GRACE_S = 5.0  # a cancelled receive's answer is waited for this long past its poll
 
 EPILOG = f"""\
 The target of each message: --to, else the queue it was rejected from (its
@@ -164,8 +165,16 @@ class Redriver:
 
     async def _receive(self) -> list[Message]:
         o = self.options
+        receiving = asyncio.ensure_future(self.dlq.receive(SQS_BATCH_MAX, o.wait_s, o.hold_s))
         try:
-            return await self.dlq.receive(SQS_BATCH_MAX, o.wait_s, o.hold_s)
+            return await asyncio.shield(receiving)
+        except asyncio.CancelledError:
+            # A receive that reached SQS hid what it got for the hold: its answer, briefly
+            # waited for, puts those messages with the held ones, released at the end.
+            with contextlib.suppress(Exception):
+                got = await asyncio.wait_for(receiving, o.wait_s + _ANSWER_GRACE_S)
+                self.held.update((m.message_id, m) for m in got)
+            raise
         except (ClientError, BotoCoreError) as exc:
             raise RedriveError(f"cannot receive from {o.dlq_url}: {exc}") from None
 

@@ -115,9 +115,22 @@ quota when it is 0: the CPU limit rounded to the nearest whole CPU, at least 1.
 {{- end }}
 {{- end }}
 
-{{/* Messages one pod works on at once: processes x prefetch. */}}
+{{/* In-flight messages per process: prefetch, or where auto starts (2). */}}
+{{- define "sqsinfer.prefetch" -}}
+{{- if eq (toString .Values.worker.prefetch) "auto" }}2{{ else }}{{ int64 .Values.worker.prefetch }}{{ end }}
+{{- end }}
+
+{{/* Messages one pod works on at once: processes x prefetch (auto: where it starts). */}}
 {{- define "sqsinfer.slots" -}}
-{{- mul (include "sqsinfer.processes" . | int64) (int64 .Values.worker.prefetch) }}
+{{- mul (include "sqsinfer.processes" . | int64) (include "sqsinfer.prefetch" . | int64) }}
+{{- end }}
+
+{{/* The most messages one pod may hold inputs of: processes x prefetch, or x max_prefetch
+when prefetch is auto (the worker never sizes its limit beyond it). */}}
+{{- define "sqsinfer.maxSlots" -}}
+{{- $per := .Values.worker.max_prefetch }}
+{{- if ne (toString .Values.worker.prefetch) "auto" }}{{ $per = .Values.worker.prefetch }}{{ end }}
+{{- mul (include "sqsinfer.processes" . | int64) (int64 $per) }}
 {{- end }}
 
 {{/* Size of the memory-backed /dev/shm volume. */}}
@@ -125,7 +138,7 @@ quota when it is 0: the CPU limit rounded to the nearest whole CPU, at least 1.
 {{- if .Values.shm.sizeLimit }}
 {{- .Values.shm.sizeLimit }}
 {{- else }}
-{{- $bytes := mul (include "sqsinfer.slots" . | int64) (int64 .Values.worker.max_input_bytes) }}
+{{- $bytes := mul (include "sqsinfer.maxSlots" . | int64) (int64 .Values.worker.max_input_bytes) }}
 {{- $mib := div (add $bytes 1048575) 1048576 }}
 {{- printf "%dMi" (add $mib (int64 .Values.shm.headroomMiB)) }}
 {{- end }}
