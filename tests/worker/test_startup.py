@@ -10,6 +10,7 @@ import pytest
 from sqsinfer.lab import standin
 from sqsinfer.lab.faults import FaultPlan, FaultProxy
 from sqsinfer.preflight import StartupError
+from sqsinfer.worker import Worker
 from tests.conftest import Stage, eventually, outcome_count, sample
 
 
