@@ -114,3 +114,33 @@ def test_a_hold_outlives_a_stalled_extension_when_it_lasts_past_the_lapse():
     assert chaos.outlived_stalls([(_T0 + 5.0, ["m"])], holds, 8) == holds
     assert chaos.outlived_stalls([(_T0 + 13.0, ["m"])], holds, 8) == []  # let go before
     assert chaos.outlived_stalls([(_T0 + 5.0, ["other"])], holds, 8) == []
+
+
+def _finished(task_id: str, message_id: str) -> dict[str, Any]:
+    return {"msg": "task finished", "task_id": task_id, "message_id": message_id}
+
+
+def _counted(task_id: str, kind: str) -> dict[str, Any]:
+    return {"msg": "chain duplicate", "task_id": task_id, "kind": kind}
+
+
+def _downstream_problems(stage1: list[dict[str, Any]], stage2: list[dict[str, Any]]) -> list[str]:
+    findings = chaos.Findings()
+    chaos.check_downstream(stage1, stage2, findings)
+    return findings.problems
+
+
+def test_the_downstream_check_holds_each_task_between_its_certain_and_its_possible():
+    twice = [_finished("a", "m1"), _finished("a", "m2"), _finished("b", "m3")]
+    # A possible duplicate that happened, one that did not, and a certain one seen: all hold.
+    assert _downstream_problems([_counted("a", "possible"), _counted("b", "possible")], twice) == []
+    assert _downstream_problems([_counted("a", "certain"), _counted("a", "possible")], twice) == []
+    # Seen but never counted.
+    [problem, per_task] = _downstream_problems([], twice)
+    assert "1 downstream duplicates observed, only 0 counted" in problem
+    assert "{'a': (1, 0)}" in per_task
+    # Counted certain for one task, seen on another: the totals agree, the tasks do not.
+    wrong_task = [_counted("b", "certain"), _counted("a", "possible")]
+    assert _downstream_problems(wrong_task, twice) == [
+        "tasks with fewer duplicates than counted certain (seen, certain): {'b': (0, 1)}"
+    ]

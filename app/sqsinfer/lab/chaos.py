@@ -507,6 +507,8 @@ def check_downstream(
     per_task = Counter(str(line.get("task_id")) for line in counted)
     observed = sum(extra.values())
     under = {t: (n, per_task[t]) for t, n in extra.items() if n > per_task[t]}
+    certain = Counter(str(line.get("task_id")) for line in counted if line.get("kind") == "certain")
+    over = {t: (extra.get(t, 0), n) for t, n in certain.items() if n > extra.get(t, 0)}
     f.expect(
         observed <= kinds["certain"] + kinds["possible"],
         f"{observed} downstream duplicates observed, only "
@@ -514,6 +516,7 @@ def check_downstream(
     )
     f.expect(not under, f"tasks with more duplicates than counted (seen, counted): {under}")
     f.expect(kinds["certain"] <= observed, f"{kinds['certain']} certain, {observed} observed")
+    f.expect(not over, f"tasks with fewer duplicates than counted certain (seen, certain): {over}")
     f.figures |= {
         "downstream duplicates (observed / counted)": f"{observed} / "
         f"{kinds['certain'] + kinds['possible']} "
