@@ -8,10 +8,10 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+# Only what every command needs is imported here. Started as the `sqsinfer` script, the
+# worker's spawned processes run that script again (as __mp_main__), and so import this
+# module: each command's own modules (the AWS SDK, obstore, aiohttp) load when it runs.
 from sqsinfer import config, logs
-from sqsinfer.bench import add_parser as add_bench
-from sqsinfer.ops import add_enqueue, add_plan, add_redrive, add_status
-from sqsinfer.runtime import run_async
 
 log = logging.getLogger("sqsinfer")
 
@@ -38,6 +38,7 @@ Exits non-zero if any valid task lacks its outputs or any bad one is missing fro
 
 def cmd_worker(args: argparse.Namespace) -> int:
     from sqsinfer.errors import ModelLoadError
+    from sqsinfer.runtime import run_async
     from sqsinfer.worker import StartupError, run_worker
 
     try:
@@ -115,17 +116,27 @@ def _add_faultproxy(sub: Any) -> None:
     faults.add_parser(sub)
 
 
+def _add_bench(sub: Any) -> None:
+    from sqsinfer.bench import add_parser
+
+    add_parser(sub)
+
+
+def _add_operator_commands(sub: Any) -> None:
+    from sqsinfer.ops import add_enqueue, add_plan, add_redrive, add_status
+
+    for add in (add_enqueue, add_status, add_redrive, add_plan):
+        add(sub)
+
+
 COMMANDS: list[Callable[[Any], None]] = [
     _add_worker,
     _add_demo,
     _add_chaos,
     _add_soak,
     _add_faultproxy,
-    add_bench,
-    add_enqueue,
-    add_status,
-    add_redrive,
-    add_plan,
+    _add_bench,
+    _add_operator_commands,
 ]
 
 

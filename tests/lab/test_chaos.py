@@ -116,7 +116,7 @@ def test_a_hold_outlives_a_stalled_extension_when_it_lasts_past_the_lapse():
     assert chaos.outlived_stalls([(_T0 + 5.0, ["other"])], holds, 8) == []
 
 
-def _finished(task_id: str, message_id: str) -> dict[str, Any]:
+def _stage2_finished(task_id: str, message_id: str) -> dict[str, Any]:
     return {"msg": "task finished", "task_id": task_id, "message_id": message_id}
 
 
@@ -131,7 +131,7 @@ def _downstream_problems(stage1: list[dict[str, Any]], stage2: list[dict[str, An
 
 
 def test_the_downstream_check_holds_each_task_between_its_certain_and_its_possible():
-    twice = [_finished("a", "m1"), _finished("a", "m2"), _finished("b", "m3")]
+    twice = [_stage2_finished("a", "m1"), _stage2_finished("a", "m2"), _stage2_finished("b", "m3")]
     # A possible duplicate that happened, one that did not, and a certain one seen: all hold.
     assert _downstream_problems([_counted("a", "possible"), _counted("b", "possible")], twice) == []
     assert _downstream_problems([_counted("a", "certain"), _counted("a", "possible")], twice) == []

@@ -21,14 +21,14 @@ def test_auto_keeps_each_process_fed_through_the_io_of_its_messages():
     limit = _auto()
     limit.observe_receive(0.010)
     _feed(limit, io_s=0.040, compute_s=0.025)
-    # 2 x (1 + (40 + 10) / 25) = 6 messages, with the headroom for the spread: 7.2 -> 7
-    assert limit.value == 7
+    # 2 x (1 + (40 + 10) / 25) = 6 messages, with the headroom for the spread: 12
+    assert limit.value == 12
 
 
 def test_auto_comes_down_for_long_tasks_and_never_below_one_per_process():
     limit = _auto()
     _feed(limit, io_s=0.040, compute_s=2.0)
-    assert limit.value == 2  # 2 x 1.02 x 1.2 = 2.4
+    assert limit.value == 4  # 2 x 1.02 x 2 = 4.08
 
 
 def test_auto_stays_within_its_ceiling():
@@ -39,9 +39,9 @@ def test_auto_stays_within_its_ceiling():
 
 def test_a_change_smaller_than_one_message_is_noise_and_ignored():
     limit = _auto()
-    limit.value = 7
-    _feed(limit, io_s=0.042, compute_s=0.025)  # 7.4 wanted
-    assert limit.value == 7
+    limit.value = 11
+    _feed(limit, io_s=0.042, compute_s=0.025)  # 2 x (1 + 42 / 25) x 2 = 10.7 wanted
+    assert limit.value == 11
 
 
 def test_a_pinned_limit_never_moves():
