@@ -247,7 +247,10 @@ class FaultProxy:
             return _s3_error(403, "InvalidAccessKeyId", "The AWS Access Key Id does not exist.")
         if op.name in p.spare_operations:
             return None
-        return self._targeted(op) or self._random(op)
+        # Not `or`: an aiohttp response is a mapping, and an empty one is falsy in older
+        # aiohttp (3.9 and 3.10 here), which would pass every targeted fault through.
+        targeted = self._targeted(op)
+        return targeted if targeted is not None else self._random(op)
 
     def _targeted(self, op: Operation) -> web.Response | None:
         """The rules aimed at one path: marker write bursts and failing operations."""

@@ -152,9 +152,17 @@ def _keep_alive_handler() -> type[Any]:
     connection open (unless the client asks to close it), so nothing is left unread
     between requests.
     """
-    from moto.moto_server.werkzeug_app import MotoRequestHandler
+    from werkzeug.serving import WSGIRequestHandler
 
-    class KeepAliveHandler(MotoRequestHandler):
+    base: type[WSGIRequestHandler] = WSGIRequestHandler  # what older moto serves through
+    try:  # moto's own handler keeps S3 metadata names with underscores as sent
+        from moto.moto_server.werkzeug_app import MotoRequestHandler
+
+        base = MotoRequestHandler
+    except ImportError:
+        pass
+
+    class KeepAliveHandler(base):  # type: ignore[valid-type,misc]
         protocol_version = "HTTP/1.1"
         timeout = _IDLE_CONNECTION_S
         # Headers and body go out in separate writes: without TCP_NODELAY the body waits
