@@ -943,6 +943,33 @@ def events_ok(events: Events, config: ChaosConfig) -> bool:
     )
 
 
+# The options of `sqsinfer chaos`: ChaosConfig's fields, each with what it sets.
+OPTION_HELP = {
+    "tasks": "valid tasks fed to stage 1",
+    "workers_per_stage": "worker processes per stage",
+    "seed": "seed of the inputs, the faults and the kills",
+    "rows": "rows per input (a few ms of compute, so kills land mid-task)",
+    "child_kills": "inference processes SIGKILLed while computing",
+    "feed_depth": "messages the feeder keeps waiting on stage 1",
+    "squatters": "tasks whose output another producer created first",
+    "non_xml": "sets of messages with characters SQS refuses",
+    "slow_tasks": "tasks whose input read is held past two visibility timeouts",
+    "visibility_delay_calls": "extension calls held back",
+    "s3_5xx": "S3 requests answered 500 or 503 (rate)",
+    "s3_conflict": "conditional puts answered 409 (rate)",
+    "sqs_errors": "SQS requests answered 500 or throttled (rate)",
+    "latency_ms": "latency added to each request, up to (ms)",
+    "drop": "answers cut off after the service acted (rate)",
+    "send_drop": "next-stage send answers lost after SQS took the message (rate)",
+    "marker_failures": "chain markers whose records meet a burst of 503s (rate)",
+    "poison_rate": "bad messages among the tasks (rate)",
+    "duplicate_rate": "tasks sent twice (rate)",
+    "visibility_delay_s": "how long a held-back extension call waits (s)",
+    "visibility_delay_rate": "extension calls held back, while any are left (rate)",
+    "timeout_s": "give up after (s)",
+}
+
+
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "chaos",
@@ -951,34 +978,14 @@ def add_parser(sub: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     defaults = ChaosConfig()
-    for name in (
-        "tasks",
-        "workers_per_stage",
-        "seed",
-        "rows",
-        "child_kills",
-        "feed_depth",
-        "squatters",
-        "non_xml",
-        "slow_tasks",
-        "visibility_delay_calls",
-    ):
-        p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name))
-    for name in (
-        "s3_5xx",
-        "s3_conflict",
-        "sqs_errors",
-        "latency_ms",
-        "drop",
-        "send_drop",
-        "marker_failures",
-        "poison_rate",
-        "duplicate_rate",
-        "visibility_delay_s",
-        "visibility_delay_rate",
-        "timeout_s",
-    ):
-        p.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(defaults, name))
+    for name, text in OPTION_HELP.items():
+        default = getattr(defaults, name)
+        p.add_argument(
+            "--" + name.replace("_", "-"),
+            type=type(default),
+            default=default,
+            help=f"{text} ({default:g})",
+        )
     p.add_argument("--logs-dir", default="", help="keep every worker's JSON log here")
     p.set_defaults(func=_command)
 
