@@ -220,8 +220,8 @@ class SqsQueue:
             WaitTimeSeconds=wait_s,
             VisibilityTimeout=visibility_s,
             MessageSystemAttributeNames=["ApproximateReceiveCount"],
-            # The older name of the same list, for services that know only it (moto 5.0 and
-            # 5.1, some emulators): without the count, every delivery looks like a first.
+            # The older name of the same list, for services that know only it (older moto,
+            # some emulators): without the count, every delivery looks like a first.
             AttributeNames=["ApproximateReceiveCount"],
             MessageAttributeNames=["All"],
         )
