@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -21,6 +22,20 @@ from sqsinfer.worker import Worker
 
 N_FEATURES = 8
 MAX_RECEIVE_COUNT = 3
+
+
+@pytest.fixture(autouse=True)
+def _root_logging() -> Iterator[None]:
+    """Undo what a command run in-process did to the root logger.
+
+    A command's `logs.configure` points the root logger at the stderr pytest captured for
+    that test; left in place, later tests' logs would go to a closed stream.
+    """
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 @pytest.fixture(scope="session")

@@ -229,9 +229,8 @@ async def test_waiting_for_another_deliverys_link_holds_the_message(stage: Stage
     settings = _scripted(
         make_settings, stage, chain_settle_s=5, visibility_timeout_s=2, heartbeat_s=0.5
     )
-    async with running(settings) as worker:
-        with Poacher(stage) as poacher:
-            await eventually(lambda: outcome_count(worker, "duplicate") == 1)
+    async with running(settings) as worker, Poacher(stage) as poacher:
+        await eventually(lambda: outcome_count(worker, "duplicate") == 1)
     assert poacher.got == []
     assert worker.metrics.outcomes == {"duplicate": 1}
     assert sample(worker.metrics, "sqsinfer_visibility_extensions_total") >= 1

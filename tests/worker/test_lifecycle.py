@@ -26,7 +26,12 @@ def _scripted(make_settings, **overrides):
 
 
 class Poacher:
-    """Another consumer polling the same queue the whole time; records what it got."""
+    """Another consumer polling the same queue once the worker holds what was sent;
+    records what it got.
+
+    It starts only when nothing on the queue is visible: started earlier, it could take
+    a message before the worker's first receive does, which is no lapse at all.
+    """
 
     def __init__(self, stage: Stage) -> None:
         self.stage, self.got, self.stop = stage, [], threading.Event()
@@ -39,13 +44,14 @@ class Poacher:
             )
             self.got += response.get("Messages", [])
 
-    def __enter__(self) -> Poacher:
+    async def __aenter__(self) -> Poacher:
+        await eventually(lambda: self.stage.counts(self.stage.queue_url)[0] == 0, timeout_s=30)
         self.thread.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         self.stop.set()
-        self.thread.join()
+        await asyncio.to_thread(self.thread.join)
 
 
 async def test_task_three_times_longer_than_visibility_is_never_redelivered(
@@ -53,9 +59,8 @@ async def test_task_three_times_longer_than_visibility_is_never_redelivered(
 ):
     stage.send({"task_id": "long", "input": _input(stage, "long.npy", first_cell=6.5)})
     settings = _scripted(make_settings, visibility_timeout_s=2, heartbeat_s=0.5)
-    async with running(settings) as worker:
-        with Poacher(stage) as poacher:
-            await eventually(lambda: outcome_count(worker, "committed") == 1, timeout_s=30)
+    async with running(settings) as worker, Poacher(stage) as poacher:
+        await eventually(lambda: outcome_count(worker, "committed") == 1, timeout_s=30)
     assert poacher.got == []  # 6.5 s of work under a 2 s visibility: nobody else saw it
     assert sample(worker.metrics, "sqsinfer_visibility_extensions_total") >= 3
     assert worker.metrics.outcomes == {"committed": 1}

@@ -41,9 +41,8 @@ async def test_one_stalled_extension_call_lets_no_held_message_lapse(stage: Stag
         heartbeat_s=2,
     )
     try:
-        async with running(settings) as worker:
-            with Poacher(stage) as poacher:
-                await eventually(lambda: outcome_count(worker, "committed") == 1, timeout_s=40)
+        async with running(settings) as worker, Poacher(stage) as poacher:
+            await eventually(lambda: outcome_count(worker, "committed") == 1, timeout_s=40)
     finally:
         await proxy.stop()
     assert proxy.counts[DELAYED] == 1  # the stall happened
