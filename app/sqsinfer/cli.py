@@ -37,6 +37,10 @@ Exits non-zero if any valid task lacks its outputs or any bad one is missing fro
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    from sqsinfer.runtime import EarlySignals
+
+    early = EarlySignals.install()  # before the imports below, which take seconds
+
     from sqsinfer.errors import ModelLoadError
     from sqsinfer.runtime import run_async
     from sqsinfer.worker import StartupError, run_worker
@@ -49,7 +53,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     logs.configure(settings.log_level, settings.log_format)
 
     async def main() -> int:
-        await run_worker(settings)
+        await run_worker(settings, early=early)
         return EXIT_OK
 
     try:

@@ -39,6 +39,7 @@ from sqsinfer.pipeline import FINISHING_STEPS, Held, Pipeline
 from sqsinfer.pool import InferencePool, PoolConfig
 from sqsinfer.preflight import Preflight, StartupError, StoppedWhileStarting
 from sqsinfer.queue import BatchSender, Message, Sender, SqsQueue
+from sqsinfer.runtime import STOP_SIGNALS, EarlySignals
 from sqsinfer.storage import DataPath, Storage
 from sqsinfer.visibility import VisibilityKeeper
 
@@ -197,7 +198,7 @@ class Worker:
 
     def install_signal_handlers(self) -> None:
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in STOP_SIGNALS:
             loop.add_signal_handler(sig, self._on_signal, sig)
 
     def _on_signal(self, sig: signal.Signals) -> None:
@@ -216,6 +217,8 @@ class Worker:
         await asyncio.to_thread(shm.sweep)  # what workers killed before this one left
         queue = SqsQueue(clients.sqs, s.queue_url)
         found = await Preflight(s, clients, self._exit_requested).run()
+        if self.should_exit:  # asked to stop meanwhile: spare the pool its start
+            raise StoppedWhileStarting
         self.last_receive_ok = True  # the queue answered; readiness waits for no first poll
         # The processes load the verified local copy, and check its hash once more.
         self.pool.config = dataclasses.replace(
@@ -450,9 +453,14 @@ class Worker:
         return self.metrics.render()
 
 
-async def run_worker(settings: config.Settings, *, signals: bool = True) -> Worker:
+async def run_worker(
+    settings: config.Settings, *, signals: bool = True, early: EarlySignals | None = None
+) -> Worker:
+    """Serve until stopped; `early` holds a signal that came before the loop's handlers."""
     worker = Worker(settings)
     if signals:
         worker.install_signal_handlers()
+    if early is not None and early.received is not None:
+        worker._on_signal(early.received)
     await worker.serve()
     return worker

@@ -143,6 +143,25 @@ def test_a_second_signal_skips_the_drain_and_still_releases(stage: Stage, model_
     assert stage.counts(stage.queue_url) == (1, 0)
 
 
+def _catches(pid: int, sig: signal.Signals) -> bool:
+    """Whether the process has a handler for `sig` (its SigCgt mask in /proc)."""
+    with open(f"/proc/{pid}/status") as status:
+        caught = next(line for line in status if line.startswith("SigCgt:"))
+    return bool(int(caught.split()[1], 16) >> (sig - 1) & 1)
+
+
+def test_a_sigterm_as_soon_as_it_is_caught_stops_start_up_with_exit_0(stage: Stage, model_path):
+    # The first moment a SIGTERM is not fatal: a scale-in just after a scale-out.
+    stage.send({"task_id": "untouched", "input": _slow_input(stage, "untouched.npy", 0)})
+    process = _start(_env(stage, model_path))
+    _wait_until(lambda: process.poll() is not None or _catches(process.pid, signal.SIGTERM))
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 0, stderr
+    assert _lifecycle(_lines(stderr)) == ["signal received", "starting", "stopped before ready"]
+    assert stage.counts(stage.queue_url) == (1, 0)  # no work taken
+
+
 def test_a_model_that_cannot_load_exits_1_with_the_reason(stage: Stage, tmp_path):
     corrupt = tmp_path / "model.ubj"
     corrupt.write_bytes(b"\x00 not a model")

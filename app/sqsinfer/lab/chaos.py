@@ -906,6 +906,9 @@ def run(config: ChaosConfig) -> Findings:
             feed = start_feeding(moto.url, queues["stage1"], work.bodies, config.feed_depth)
             drained = run_until_drained(chaos, feed, moto.url, queues, len(work.valid))
             elapsed = time.monotonic() - started
+            # A worker restarted near the end may still be importing, when a SIGTERM
+            # kills it outright: the exit codes checked below are those of a drain.
+            stage.wait_ready(chaos.workers)
             for worker in chaos.workers:
                 chaos.count_extensions(worker)
         finally:

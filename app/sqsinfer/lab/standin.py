@@ -252,8 +252,70 @@ def serve(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     os.environ.setdefault("MOTO_PORT", str(args.port))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    make_atomic()
     app = DomainDispatcherApplication(create_backend_app)
     run_simple(args.host, args.port, app, threaded=True, request_handler=_keep_alive_handler())
+
+
+def make_atomic() -> None:
+    """Make moto's SQS calls and S3 conditional writes atomic, as AWS's are.
+
+    moto serves each request in its own thread and changes its state with no lock. Two
+    receives at once can hand one message to both; two deletes at once can bring a
+    deleted message back (each rebuilds the queue's list from what it read); a send
+    during a delete can vanish; two conditional PUTs (If-None-Match, If-Match) can both
+    pass their check and both write. AWS does none of these, and a test or a chaos run
+    would blame the worker for each. So SQS calls run one at a time (a long poll lets go
+    while it waits) and so do S3 object writes; reads stay concurrent.
+    """
+    import inspect
+    import threading
+
+    from moto.s3.responses import S3Response
+    from moto.sqs.models import Queue, SQSBackend
+
+    sqs_lock, held = threading.Lock(), threading.local()
+
+    def sqs_call(method: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if getattr(held, "sqs", False):  # a backend call made by another one
+                return method(*args, **kwargs)
+            with sqs_lock:
+                held.sqs = True
+                try:
+                    return method(*args, **kwargs)
+                finally:
+                    held.sqs = False
+
+        return call
+
+    def wait_unlocked(wait: Any) -> Any:
+        def call(self: Any, timeout: int) -> None:
+            sqs_lock.release()
+            try:
+                wait(self, timeout)
+            finally:
+                sqs_lock.acquire()
+
+        return call
+
+    for name, method in list(vars(SQSBackend).items()):
+        if inspect.isfunction(method) and not name.startswith("_"):
+            setattr(SQSBackend, name, sqs_call(method))
+    Queue.wait_for_messages = wait_unlocked(Queue.wait_for_messages)  # type: ignore[method-assign]
+
+    s3_writes = threading.Lock()
+
+    def s3_write(method: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with s3_writes:
+                return method(*args, **kwargs)
+
+        return call
+
+    # A PUT (its If-None-Match and If-Match checks) and a multipart upload's completion.
+    for name in ("put_object", "_key_response_post"):
+        setattr(S3Response, name, s3_write(getattr(S3Response, name)))
 
 
 if __name__ == "__main__":
