@@ -1,4 +1,8 @@
-"""The stand-in holds to what SQS promises its callers, under concurrent calls."""
+"""The stand-in holds to what AWS promises its callers under concurrent calls.
+
+moto alone does not (see `standin.make_atomic`); tests/localstack runs these same tests
+against LocalStack.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,8 @@ import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+
+import pytest
 
 from sqsinfer.lab import standin
 
@@ -21,13 +27,18 @@ def _queue(sqs: Any) -> str:
     return url
 
 
-def _clients(moto: standin.MotoServer) -> list[Any]:
+@pytest.fixture
+def endpoint(moto: standin.MotoServer) -> str:
+    return moto.url
+
+
+def _clients(endpoint: str) -> list[Any]:
     # A client each: one botocore client shared by threads would share its connections.
-    return [standin.clients(moto.url)[1] for _ in range(THREADS)]
+    return [standin.clients(endpoint)[1] for _ in range(THREADS)]
 
 
-def test_concurrent_receives_never_hand_one_message_to_two(moto: standin.MotoServer):
-    sqsc = _clients(moto)
+def test_concurrent_receives_never_hand_one_message_to_two(endpoint: str):
+    sqsc = _clients(endpoint)
     url = _queue(sqsc[0])
 
     def receive_all(sqs: Any) -> list[str]:
@@ -45,8 +56,8 @@ def test_concurrent_receives_never_hand_one_message_to_two(moto: standin.MotoSer
     assert len(received) == MESSAGES
 
 
-def test_concurrent_deletes_bring_no_message_back(moto: standin.MotoServer):
-    sqsc = _clients(moto)
+def test_concurrent_deletes_bring_no_message_back(endpoint: str):
+    sqsc = _clients(endpoint)
     url = _queue(sqsc[0])
     handles: list[str] = []
     while (
@@ -74,8 +85,8 @@ def _bucket(s3: Any) -> str:
     return name
 
 
-def _s3_clients(moto: standin.MotoServer) -> list[Any]:
-    return [standin.clients(moto.url)[0] for _ in range(THREADS)]
+def _s3_clients(endpoint: str) -> list[Any]:
+    return [standin.clients(endpoint)[0] for _ in range(THREADS)]
 
 
 def _tries(put: Any) -> list[bool]:
@@ -94,8 +105,8 @@ def _tries(put: Any) -> list[bool]:
         return list(pool.map(one, range(THREADS)))
 
 
-def test_concurrent_creates_of_one_key_let_one_through(moto: standin.MotoServer):
-    s3c = _s3_clients(moto)
+def test_concurrent_creates_of_one_key_let_one_through(endpoint: str):
+    s3c = _s3_clients(endpoint)
     bucket = _bucket(s3c[0])
     for round_ in range(10):
         key = f"out/{round_}.npy"
@@ -107,8 +118,8 @@ def test_concurrent_creates_of_one_key_let_one_through(moto: standin.MotoServer)
         assert sum(_tries(create)) == 1, f"round {round_}"
 
 
-def test_concurrent_compare_and_swaps_of_one_version_let_one_through(moto: standin.MotoServer):
-    s3c = _s3_clients(moto)
+def test_concurrent_compare_and_swaps_of_one_version_let_one_through(endpoint: str):
+    s3c = _s3_clients(endpoint)
     bucket = _bucket(s3c[0])
     for round_ in range(10):
         key = f"out/{round_}.chain"

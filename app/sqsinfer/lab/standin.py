@@ -9,7 +9,8 @@ moto's server is werkzeug's development server, which speaks HTTP/1.0 and closes
 connection after one answer. AWS keeps connections alive, and a client that opens a
 new TCP connection per call spends a good share of its CPU on connecting (about 14 %
 of the worker's own, measured). `python -m sqsinfer.lab.standin` starts moto's server
-speaking HTTP/1.1 with keep-alive instead, for every command and test alike.
+speaking HTTP/1.1 with keep-alive instead, for every command and test alike, and with
+its SQS calls and object writes made atomic (`make_atomic`), as AWS's are.
 """
 
 from __future__ import annotations
