@@ -35,7 +35,9 @@ def _calls(metrics: Metrics, operation: str) -> tuple[float, float]:
 
 
 def _segments() -> set[str]:
-    return {n for n in os.listdir(shm.SHM_DIR) if n.startswith(shm.PREFIX)}
+    """This process's segments: the tests running beside it make and remove their own."""
+    mine = shm.new_name().rsplit("-", 1)[0] + "-"
+    return {n for n in os.listdir(shm.SHM_DIR) if n.startswith(mine)}
 
 
 async def test_get_and_conditional_put_keep_the_sdk_semantics(stage: Stage):
