@@ -68,6 +68,15 @@ def _wait_until(check, timeout_s: float = 30) -> None:
         time.sleep(0.1)
 
 
+def _computing(env: dict[str, str]) -> float:
+    """Tasks that got an inference process so far, from the worker's /metrics."""
+    url = f"http://127.0.0.1:{env['SQSINFER_HEALTH_PORT']}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as response:
+        text = response.read().decode()
+    prefix = 'sqsinfer_phase_seconds_count{phase="wait_process"} '
+    return sum(float(line[len(prefix) :]) for line in text.splitlines() if line.startswith(prefix))
+
+
 def _lines(stderr: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
 
@@ -89,7 +98,7 @@ def test_sigterm_drains_started_work_releases_the_rest_and_exits_0(stage: Stage,
     process = _start(env)
     _wait_ready(process, env["SQSINFER_HEALTH_PORT"])
     _wait_until(lambda: stage.counts(stage.queue_url) == (0, 3))
-    time.sleep(0.3)  # the first task is computing, two wait for the process
+    _wait_until(lambda: _computing(env) >= 1)  # the first task computes, two wait for it
     process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 0
@@ -120,8 +129,7 @@ def test_a_second_signal_skips_the_drain_and_still_releases(stage: Stage, model_
     env = _env(stage, model_path, SQSINFER_DRAIN_DEADLINE_S="120")
     process = _start(env)
     _wait_ready(process, env["SQSINFER_HEALTH_PORT"])
-    _wait_until(lambda: stage.counts(stage.queue_url) == (0, 1))
-    time.sleep(0.3)
+    _wait_until(lambda: _computing(env) >= 1)
     process.send_signal(signal.SIGTERM)
     time.sleep(0.3)
     process.send_signal(signal.SIGINT)
