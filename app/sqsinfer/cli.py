@@ -37,12 +37,11 @@ Exits non-zero if any valid task lacks its outputs or any bad one is missing fro
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from sqsinfer.runtime import EarlySignals
+    from sqsinfer.runtime import EarlySignals, run_async
 
     early = EarlySignals.install()  # before the imports below, which take seconds
 
     from sqsinfer.errors import ModelLoadError
-    from sqsinfer.runtime import run_async
     from sqsinfer.worker import StartupError, run_worker
 
     try:

@@ -50,7 +50,8 @@ _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off", ""})
 
 
-def _prefetch(text: str) -> int | str:
+def parse_prefetch(text: str) -> int | str:
+    """`auto`, or a number of messages per process."""
     if text.lower() == AUTO:
         return AUTO
     return int(text)
@@ -110,7 +111,7 @@ class Settings:
         AUTO,
         "in-flight messages per process: auto (sized from the measured I/O and compute times "
         "per task, at most max_prefetch) or a number that pins it",
-        _prefetch,
+        parse_prefetch,
     )
     max_prefetch: int = _opt(
         8, "most in-flight messages per process when prefetch is auto (sizes /dev/shm)", int

@@ -463,15 +463,19 @@ class Sender:
 
     async def send(self, body: str | bytes, attributes: dict[str, Any] | None = None) -> str:
         """Send one message; its MessageId."""
-        text = body.decode() if isinstance(body, bytes) else body
-        kwargs: dict[str, Any] = {"QueueUrl": self.url, "MessageBody": text}
-        if attributes:
-            kwargs["MessageAttributes"] = attributes
-        response = await self.client.send_message(**kwargs)
+        response = await self.client.send_message(QueueUrl=self.url, **_entry(body, attributes))
         return str(response["MessageId"])
 
     async def drain(self) -> None:
         """Wait for sends gathered but not yet made (none here: each send is its own call)."""
+
+
+def _entry(body: str | bytes, attributes: dict[str, Any] | None) -> dict[str, Any]:
+    """A message's fields as SendMessage and a SendMessageBatch entry both take them."""
+    entry: dict[str, Any] = {"MessageBody": body.decode() if isinstance(body, bytes) else body}
+    if attributes:
+        entry["MessageAttributes"] = attributes
+    return entry
 
 
 def _message_id(ok: dict[str, Any] | None, failed: dict[str, Any] | None) -> str:
@@ -509,11 +513,7 @@ class BatchSender(Sender):
         )
 
     async def send(self, body: str | bytes, attributes: dict[str, Any] | None = None) -> str:
-        text = body.decode() if isinstance(body, bytes) else body
-        entry: dict[str, Any] = {"MessageBody": text}
-        if attributes:
-            entry["MessageAttributes"] = attributes
-        return await self._batcher.submit(entry)
+        return await self._batcher.submit(_entry(body, attributes))
 
     async def drain(self) -> None:
         await self._batcher.drain()

@@ -38,7 +38,7 @@ from sqsinfer.outcomes import Outcome
 from sqsinfer.pipeline import FINISHING_STEPS, Held, Pipeline
 from sqsinfer.pool import InferencePool, PoolConfig
 from sqsinfer.preflight import Preflight, StartupError, StoppedWhileStarting
-from sqsinfer.queue import BatchSender, Message, Sender, SqsQueue
+from sqsinfer.queue import SQS_BATCH_MAX, BatchSender, Message, Sender, SqsQueue
 from sqsinfer.runtime import STOP_SIGNALS, EarlySignals
 from sqsinfer.storage import DataPath, Storage
 from sqsinfer.visibility import VisibilityKeeper
@@ -54,9 +54,7 @@ HELD_CAP_FACTOR = 2
 # A receive is worth its call once this share of the limit is free (and at least one,
 # at most a full batch): fewer calls than one per freed slot, no process left waiting.
 RECEIVE_SHARE = 0.25
-SQS_BATCH_MAX = 10
 LIMIT_ALPHA = 0.05  # the averages behind the auto limit follow about the last 20 tasks
-_SHM_DIR = "/dev/shm"
 
 
 @dataclass
@@ -131,7 +129,7 @@ class InFlightLimit:
 def _shm_slots(max_input_bytes: int) -> int:
     """How many inputs of the largest size /dev/shm holds (a large number when unknown)."""
     try:
-        return max(1, shutil.disk_usage(_SHM_DIR).total // max_input_bytes)
+        return max(1, shutil.disk_usage(shm.SHM_DIR).total // max_input_bytes)
     except OSError:
         return 1 << 30
 

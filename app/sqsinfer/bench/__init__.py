@@ -88,10 +88,10 @@ def add_parser(sub: Any) -> None:
 
 
 def _prefetch(text: str) -> int | str:
-    if text == "auto":
-        return text
-    value = int(text)
-    if value < 1:
+    from sqsinfer.config import parse_prefetch
+
+    value = parse_prefetch(text)
+    if isinstance(value, int) and value < 1:
         raise argparse.ArgumentTypeError("auto or at least 1")
     return value
 

@@ -39,7 +39,7 @@ import numpy as np
 
 from sqsinfer.chain import WRITE_ATTEMPTS
 from sqsinfer.lab import feeder, stage, standin, synthetic
-from sqsinfer.lab.faults import SDK_ATTEMPTS
+from sqsinfer.lab.faults import SDK_ATTEMPTS, json_object
 from sqsinfer.lab.sqs_rules import SQS_DEFAULT_MAX_BYTES, unsendable
 
 if TYPE_CHECKING:  # imported where used: the CLI builds this parser in every install
@@ -562,14 +562,6 @@ def check_logs(lines: dict[str, list[dict[str, Any]]], work: Workload, f: Findin
     }
 
 
-def _json_object(text: str) -> dict[str, Any]:
-    try:
-        doc = json.loads(text)
-    except ValueError:
-        return {}
-    return doc if isinstance(doc, dict) else {}
-
-
 def _max_bytes(sqs: Any, url: str) -> int:
     attrs = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["MaximumMessageSize"])
     return int(attrs["Attributes"].get("MaximumMessageSize", SQS_DEFAULT_MAX_BYTES))
@@ -592,7 +584,7 @@ def check_sends(
         why = unsendable(message["body"], message["attributes"] or None, limits.get(name, 0))
         refused += [f"{name}: {problem}" for problem in why]
         if name == queue_name(queues["stage2"]) and not why:
-            doc = _json_object(message["body"])
+            doc = json_object(message["body"])
             if doc.get("task_id") in work.params:
                 handed[doc["task_id"]].append(doc.get("params"))
     intact = [t for t, p in work.params.items() if handed[t] and all(h == p for h in handed[t])]
@@ -708,13 +700,17 @@ def holds(worker: str, lines: list[dict[str, Any]]) -> list[Hold]:
     return found
 
 
-def lapses(all_holds: list[Hold]) -> list[tuple[Hold, Hold]]:
-    """(held, taken) pairs: a message received again while a worker still held it."""
+def _by_message(all_holds: list[Hold]) -> dict[str, list[Hold]]:
     by_message: dict[str, list[Hold]] = defaultdict(list)
     for hold in all_holds:
         by_message[hold.message_id].append(hold)
+    return by_message
+
+
+def lapses(all_holds: list[Hold]) -> list[tuple[Hold, Hold]]:
+    """(held, taken) pairs: a message received again while a worker still held it."""
     found = []
-    for group in by_message.values():
+    for group in _by_message(all_holds).values():
         group.sort(key=lambda h: h.received_s)
         for i, later in enumerate(group):
             found += [(e, later) for e in group[:i] if later.received_s < e.let_go_s - _SLACK_S]
@@ -727,9 +723,7 @@ def outlived_stalls(
     """Holds still under way a whole visibility timeout after an extension of theirs
     stalled: without another extension they would have lapsed (the stalled call lands
     too late, and the extension before it was sent before the stall began)."""
-    by_message: dict[str, list[Hold]] = defaultdict(list)
-    for hold in all_holds:
-        by_message[hold.message_id].append(hold)
+    by_message = _by_message(all_holds)
     found = []
     for at_s, message_ids in calls:
         for message_id in message_ids:

@@ -131,8 +131,8 @@ def classify(method: str, path: str, query: str, headers: Any) -> Operation:
     return Operation("s3", name, conditional, key=key, if_match="If-Match" in headers)
 
 
-def _json_object(body: bytes) -> dict[str, Any]:
-    """An SQS JSON-protocol request or answer ({} when it is not a JSON object)."""
+def json_object(body: bytes | str) -> dict[str, Any]:
+    """An SQS JSON-protocol request, answer or message body ({} when not a JSON object)."""
     try:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError:
@@ -370,7 +370,7 @@ class FaultProxy:
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         op = classify(request.method, request.path, request.query_string, request.headers)
         if op.service == "sqs":
-            doc = _json_object(await request.read())
+            doc = json_object(await request.read())
             op = sqs_operation(op, doc)
             self._write_record(sent_messages(op, doc))
         self.seen[op.name] += 1
@@ -384,7 +384,7 @@ class FaultProxy:
         drop = "" if op.name in self.plan.spare_operations else self._dropped(op)
         status, headers, body = await self._forward(request)
         if op.name == "ReceiveMessage" and status == 200 and self.plan.visibility_delay_s > 0:
-            for message in _json_object(body).get("Messages", []):
+            for message in json_object(body).get("Messages", []):
                 self._receipts[message["ReceiptHandle"]] = message["MessageId"]
         if drop:
             self.counts[f"{op.service}:{drop}"] += 1

@@ -275,18 +275,13 @@ def make_atomic() -> None:
     from moto.s3.responses import S3Response
     from moto.sqs.models import Queue, SQSBackend
 
-    sqs_lock, held = threading.Lock(), threading.local()
+    # Reentrant: a backend call may make another. A receive holds it once when it waits.
+    sqs_lock, s3_writes = threading.RLock(), threading.Lock()
 
-    def sqs_call(method: Any) -> Any:
+    def under(lock: Any, method: Any) -> Any:
         def call(*args: Any, **kwargs: Any) -> Any:
-            if getattr(held, "sqs", False):  # a backend call made by another one
+            with lock:
                 return method(*args, **kwargs)
-            with sqs_lock:
-                held.sqs = True
-                try:
-                    return method(*args, **kwargs)
-                finally:
-                    held.sqs = False
 
         return call
 
@@ -302,21 +297,11 @@ def make_atomic() -> None:
 
     for name, method in list(vars(SQSBackend).items()):
         if inspect.isfunction(method) and not name.startswith("_"):
-            setattr(SQSBackend, name, sqs_call(method))
+            setattr(SQSBackend, name, under(sqs_lock, method))
     Queue.wait_for_messages = wait_unlocked(Queue.wait_for_messages)  # type: ignore[method-assign]
-
-    s3_writes = threading.Lock()
-
-    def s3_write(method: Any) -> Any:
-        def call(*args: Any, **kwargs: Any) -> Any:
-            with s3_writes:
-                return method(*args, **kwargs)
-
-        return call
-
     # A PUT (its If-None-Match and If-Match checks) and a multipart upload's completion.
     for name in ("put_object", "_key_response_post"):
-        setattr(S3Response, name, s3_write(getattr(S3Response, name)))
+        setattr(S3Response, name, under(s3_writes, getattr(S3Response, name)))
 
 
 if __name__ == "__main__":
