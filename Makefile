@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 PARALLEL ?= -n 4 --dist loadfile
 DEMO_ARGS ?=
 
-.PHONY: demo test test-fast test-floors test-localstack lint types docs docs-settings chart-readme release pytest bench clean
+.PHONY: demo chaos test test-fast test-floors test-localstack lint types docs docs-settings chart-readme release pytest bench clean
 
 # One venv in two layers. `make demo` installs the runtime and the lean local stand-in
 # (.[local], about 410 MB); `make test` adds the dev tools (.[dev]) on top. One venv, so
@@ -30,9 +30,14 @@ $(BIN)/.installed: $(BIN)/.installed-local
 demo: $(BIN)/.installed-local
 	$(BIN)/sqsinfer demo $(DEMO_ARGS)
 
+# The proving ground (proving/, not installed): a two-stage chain under fire, checked.
+CHAOS_ARGS ?= --tasks 2000
+chaos: $(BIN)/.installed-local
+	$(BIN)/python -m proving.chaos $(CHAOS_ARGS)
+
 lint: $(BIN)/.installed
-	$(BIN)/ruff check app tests examples scripts
-	$(BIN)/ruff format --check app tests examples scripts
+	$(BIN)/ruff check app proving tests examples scripts
+	$(BIN)/ruff format --check app proving tests examples scripts
 	$(BIN)/lint-imports
 
 types: $(BIN)/.installed
@@ -82,8 +87,8 @@ release: $(BIN)/.installed
 # is, in host mode (no Docker) from its own venv on Python 3.13, built here when missing.
 LOCALSTACK_VENV ?= .venv-localstack
 
-$(LOCALSTACK_VENV)/.installed: app/sqsinfer/lab/localstack.py | $(BIN)/.installed
-	$(BIN)/python -m sqsinfer.lab.localstack install $(LOCALSTACK_VENV)
+$(LOCALSTACK_VENV)/.installed: proving/localstack.py | $(BIN)/.installed
+	$(BIN)/python -m proving.localstack install $(LOCALSTACK_VENV)
 	touch $@
 
 test-localstack: $(BIN)/.installed $(LOCALSTACK_VENV)/.installed

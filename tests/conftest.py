@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
+from proving.faults import FaultPlan, FaultProxy
 from sqsinfer.config import Settings
 from sqsinfer.lab import stage as lab_stage
 from sqsinfer.lab import standin, synthetic
-from sqsinfer.lab.faults import FaultPlan, FaultProxy
-from sqsinfer.worker import Worker
+from sqsinfer.worker.lifecycle import Worker
 
 N_FEATURES = 8
 MAX_RECEIVE_COUNT = 3

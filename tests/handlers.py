@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from sqsinfer import formats, inference
+from sqsinfer.compute import formats, inference
 
 KILL = -1.0
 

@@ -6,8 +6,8 @@ processes import this package and must stay light):
     from sqsinfer import Handler, InputError, ModelLoadError
 """
 
-from sqsinfer.errors import InputError, ModelLoadError
-from sqsinfer.handlers import Handler
+from sqsinfer.compute.errors import InputError, ModelLoadError
+from sqsinfer.compute.handlers import Handler
 
 __version__ = "0.2.0"  # the one version: pyproject, the chart and the image follow it
 __all__ = ["Handler", "InputError", "ModelLoadError", "__version__"]

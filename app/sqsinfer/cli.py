@@ -41,8 +41,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     early = EarlySignals.install()  # before the imports below, which take seconds
 
-    from sqsinfer.errors import ModelLoadError
-    from sqsinfer.worker import StartupError, run_worker
+    from sqsinfer.compute.errors import ModelLoadError
+    from sqsinfer.worker.lifecycle import StartupError, run_worker
 
     try:
         settings = config.settings_from_args(args)
@@ -101,24 +101,6 @@ def _add_demo(sub: Any) -> None:
     p.set_defaults(func=cmd_demo)
 
 
-def _add_chaos(sub: Any) -> None:
-    from sqsinfer.lab import chaos
-
-    chaos.add_parser(sub)
-
-
-def _add_soak(sub: Any) -> None:
-    from sqsinfer.lab import soak
-
-    soak.add_parser(sub)
-
-
-def _add_faultproxy(sub: Any) -> None:
-    from sqsinfer.lab import faults
-
-    faults.add_parser(sub)
-
-
 def _add_bench(sub: Any) -> None:
     from sqsinfer.bench import add_parser
 
@@ -135,9 +117,6 @@ def _add_operator_commands(sub: Any) -> None:
 COMMANDS: list[Callable[[Any], None]] = [
     _add_worker,
     _add_demo,
-    _add_chaos,
-    _add_soak,
-    _add_faultproxy,
     _add_bench,
     _add_operator_commands,
 ]
@@ -147,7 +126,7 @@ COMMANDS: list[Callable[[Any], None]] = [
 GROUPS: dict[str, tuple[str, ...]] = {
     "run": ("worker",),
     "operate": ("enqueue", "status", "redrive", "plan"),
-    "prove": ("demo", "chaos", "faultproxy", "bench", "soak"),
+    "try and measure": ("demo", "bench"),
 }
 
 

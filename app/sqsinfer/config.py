@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from sqsinfer import formats, handlers
+from sqsinfer.compute import formats, handlers
 from sqsinfer.messages import S3Uri, parse_prefixes, parse_s3_uri
 
 ENV_PREFIX = "SQSINFER_"

@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from sqsinfer import formats
+from sqsinfer.compute import formats
 
 # Every pattern here validates a whole value: always `fullmatch`, never `match` with `$`
 # (which also matches before a final newline).

@@ -27,7 +27,7 @@ from helm_python import _native
 
 from sqsinfer import config
 from sqsinfer.config import ENV_NAMES, ENV_PREFIX, Settings
-from sqsinfer.health import HealthServer
+from sqsinfer.worker.health import HealthServer
 from tests.deploy import promql
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -74,15 +74,15 @@ def test_the_wheel_holds_the_package_only(built: Path) -> None:
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
     assert {n.split("/", 1)[0] for n in names} == {"sqsinfer", f"sqsinfer-{VERSION}.dist-info"}
-    assert "sqsinfer/worker.py" in names
-    assert not [n for n in names if n.startswith(("app/", "tests/"))]
+    assert "sqsinfer/worker/lifecycle.py" in names
+    assert not [n for n in names if n.startswith(("app/", "tests/", "proving/"))]
 
 
 def test_the_sdist_builds_the_same_package(built: Path) -> None:
     (sdist,) = built.glob("*.tar.gz")
     with tarfile.open(sdist) as archive:
         names = archive.getnames()
-    assert f"sqsinfer-{VERSION}/app/sqsinfer/worker.py" in names
+    assert f"sqsinfer-{VERSION}/app/sqsinfer/worker/lifecycle.py" in names
     assert release.sdist_problems(sdist, VERSION) == []
 
 

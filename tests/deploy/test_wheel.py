@@ -64,6 +64,17 @@ def test_the_wheel_installs_only_the_sqsinfer_package(wheel: Path) -> None:
     assert {top for top in tops if not top.endswith(".dist-info")} == {"sqsinfer"}
 
 
+def test_the_wheel_holds_no_proving_ground_module(wheel: Path) -> None:
+    """The proving ground (chaos, soak, the fault proxy, the LocalStack builder, SQS's
+    rules) stays beside the package: none of its modules is shipped, under any name."""
+    with zipfile.ZipFile(wheel) as archive:
+        shipped = [archive.read(n) for n in archive.namelist() if n.endswith(".py")]
+    proving = [p.read_bytes() for p in (ROOT / "proving").rglob("*.py") if p.stat().st_size]
+    assert len(proving) >= 5, "the proving ground has its modules"
+    assert not set(proving) & set(shipped)
+    assert not [t for t in shipped if b"import proving" in t or b"from proving" in t]
+
+
 def test_a_user_project_with_its_own_app_package_runs_its_handler(
     wheel: Path, stage: Stage, tmp_path: Path
 ) -> None:

@@ -12,7 +12,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from sqsinfer.lab import localstack, standin
+from proving import localstack
+from sqsinfer.lab import standin
 from tests.conftest import Stage, make_stage
 
 REQUIRED_ENV = "SQSINFER_LOCALSTACK_REQUIRED"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sqsinfer.lab.localstack import LocalStackServer
+from proving.localstack import LocalStackServer
 from tests.lab.test_standin import (
     test_concurrent_compare_and_swaps_of_one_version_let_one_through,
     test_concurrent_creates_of_one_key_let_one_through,

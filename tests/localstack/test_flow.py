@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from sqsinfer.aws.sqs import REASON_ATTR
 from sqsinfer.lab import synthetic
-from sqsinfer.queue import REASON_ATTR
 from tests.conftest import N_FEATURES, Stage, eventually, running, sample
 
 FORMATS = ("npy", "json", "jsonl", "csv")

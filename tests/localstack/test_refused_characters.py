@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
+from sqsinfer.aws.sqs import REASON_ATTR
 from sqsinfer.lab import synthetic
-from sqsinfer.queue import REASON_ATTR
 from tests.conftest import N_FEATURES, Stage, eventually, running
 
 REFUSED = "\uffff"

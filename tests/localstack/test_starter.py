@@ -7,7 +7,7 @@ import os
 import psutil
 import pytest
 
-from sqsinfer.lab import localstack
+from proving import localstack
 
 
 def test_a_missing_install_names_the_setting_and_the_make_target(tmp_path):

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from sqsinfer import cli
-from sqsinfer.aws import open_clients
+from sqsinfer.aws.session import open_clients
+from sqsinfer.aws.sqs import REASON_ATTR, SOURCE_QUEUE_ATTR, Message, dead_letter_attributes
 from sqsinfer.ops.redrive import NO_REASON, RedriveError, RedriveOptions, Redriver
-from sqsinfer.queue import REASON_ATTR, SOURCE_QUEUE_ATTR, Message, dead_letter_attributes
 from tests.conftest import Stage
 
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from sqsinfer import cli
-from sqsinfer.aws import open_clients
+from sqsinfer.aws.session import open_clients
 from sqsinfer.ops.status import History, QueueRef, Sample, discover, drain, sample, status
 from tests.conftest import Stage
 

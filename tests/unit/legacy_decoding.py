@@ -13,9 +13,11 @@ from typing import Any
 import numpy as np
 import orjson
 
+from sqsinfer.compute.errors import InputError
+
 # Unchanged: the array checks (for the float32 arrays text makes) and the header test.
-from sqsinfer.decoding import _check_array, _numeric
-from sqsinfer.errors import InputError
+from sqsinfer.compute.formats.npy import _check_array
+from sqsinfer.compute.formats.text import _numeric
 
 
 def _rows_to_array(rows: Any, max_bytes: int) -> np.ndarray:

@@ -22,8 +22,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from sqsinfer import formats
-from sqsinfer.errors import InputError
+from sqsinfer.compute import formats
+from sqsinfer.compute.errors import InputError
 from sqsinfer.lab.synthetic import parquet_bytes
 
 MiB = 1 << 20

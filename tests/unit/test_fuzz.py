@@ -21,9 +21,10 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sqsinfer import formats
-from sqsinfer.errors import InputError
-from sqsinfer.lab.sqs_rules import sendable_text, unsendable
+from proving.sqs_rules import sendable_text, unsendable
+from sqsinfer.aws.sqs import REASON_ATTR, Message, dead_letter_copy
+from sqsinfer.compute import formats
+from sqsinfer.compute.errors import InputError
 from sqsinfer.lab.synthetic import parquet_bytes
 from sqsinfer.messages import (
     OUTPUT_MARKER_RESERVE_BYTES,
@@ -35,7 +36,6 @@ from sqsinfer.messages import (
     parse_s3_uri,
     parse_task,
 )
-from sqsinfer.queue import REASON_ATTR, Message, dead_letter_copy
 from tests.unit.test_inference import npy_claiming
 
 CASES: collections.Counter[str] = collections.Counter()

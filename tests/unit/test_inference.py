@@ -7,9 +7,9 @@ import io
 import numpy as np
 import pytest
 
-from sqsinfer import formats, inference
-from sqsinfer.errors import InputError
-from sqsinfer.handlers.xgboost_impl import XGBoostHandler
+from sqsinfer.compute import formats, inference
+from sqsinfer.compute.errors import InputError
+from sqsinfer.compute.handlers.xgboost_impl import XGBoostHandler
 from sqsinfer.lab import synthetic
 
 LIMIT = 1 << 20

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sqsinfer.config import Settings
-from sqsinfer.worker import InFlightLimit
+from sqsinfer.worker.lifecycle import InFlightLimit
 
 
 def _auto(processes: int = 2, ceiling: int = 16) -> InFlightLimit:

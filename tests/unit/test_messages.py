@@ -160,7 +160,7 @@ def test_an_output_key_leaves_room_for_its_markers():
 
 
 def test_the_marker_reserve_covers_the_chain_marker():
-    from sqsinfer.chain import MARKER_SUFFIX
+    from sqsinfer.worker.chain import MARKER_SUFFIX
 
     assert len(MARKER_SUFFIX.encode()) <= OUTPUT_MARKER_RESERVE_BYTES
 

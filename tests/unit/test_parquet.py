@@ -14,9 +14,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from sqsinfer import config, formats
+from sqsinfer import config
+from sqsinfer.compute import formats
+from sqsinfer.compute.errors import InputError
 from sqsinfer.config import ConfigError, Settings
-from sqsinfer.errors import InputError
 from sqsinfer.lab.synthetic import decode_output, parquet_bytes
 from sqsinfer.messages import MessageRejected, MessageRules, next_stage_body, parse_task
 from tests.unit.test_fuzz import RULES
@@ -76,7 +77,7 @@ def test_a_file_of_several_row_groups_reads_whole():
 
 
 def test_batches_cross_row_groups_of_any_size(monkeypatch):
-    from sqsinfer import decoding_parquet
+    from sqsinfer.compute.formats import parquet as decoding_parquet
 
     monkeypatch.setattr(decoding_parquet, "_BATCH_ROWS", 5)
     values = np.arange(200, dtype=np.float32).reshape(100, 2)

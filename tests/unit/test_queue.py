@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from sqsinfer.lab.sqs_rules import message_bytes, unsendable
-from sqsinfer.queue import (
+from proving.sqs_rules import message_bytes, unsendable
+from sqsinfer.aws.sqs import (
     BODY_TRUNCATED_ATTR,
     DETAIL_ATTR,
     REASON_ATTR,
@@ -58,7 +58,7 @@ async def test_a_failed_call_fails_every_entry_of_its_batch():
 
 
 async def test_deletes_really_remove_messages(stage):
-    from sqsinfer.aws import open_clients
+    from sqsinfer.aws.session import open_clients
 
     for i in range(12):
         stage.send({"n": i})

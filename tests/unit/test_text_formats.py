@@ -15,8 +15,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sqsinfer import decoding, formats
-from sqsinfer.errors import InputError
+from sqsinfer.compute import formats
+from sqsinfer.compute.errors import InputError
+from sqsinfer.compute.formats import text as decoding
 from tests.unit.legacy_decoding import LEGACY
 
 LIMIT = 1 << 20

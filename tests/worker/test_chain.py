@@ -8,14 +8,14 @@ import json
 import numpy as np
 from aiohttp import web
 
-from sqsinfer.aws import open_clients
-from sqsinfer.chain import SEND_ATTEMPTS, Delivery, Linker
+from proving.faults import FaultPlan, FaultProxy
+from sqsinfer.aws.s3 import Storage
+from sqsinfer.aws.session import open_clients
+from sqsinfer.aws.sqs import BatchSender, Sender
 from sqsinfer.lab import synthetic
-from sqsinfer.lab.faults import FaultPlan, FaultProxy
 from sqsinfer.messages import S3Uri, Task
 from sqsinfer.metrics import Metrics
-from sqsinfer.queue import BatchSender, Sender
-from sqsinfer.storage import Storage
+from sqsinfer.worker.chain import SEND_ATTEMPTS, Delivery, Linker
 from tests.conftest import Stage, eventually, fault_proxy, outcome_count, running, sample
 from tests.worker.test_lifecycle import Poacher
 

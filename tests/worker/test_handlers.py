@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sqsinfer.errors import ModelLoadError
+from sqsinfer.aws.sqs import DETAIL_ATTR, REASON_ATTR
+from sqsinfer.compute.errors import ModelLoadError
 from sqsinfer.lab import synthetic
-from sqsinfer.queue import DETAIL_ATTR, REASON_ATTR
-from sqsinfer.worker import Worker
+from sqsinfer.worker.lifecycle import Worker
 from tests.conftest import Stage, eventually, outcome_count, running
 
 

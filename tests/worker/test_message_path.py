@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from sqsinfer.lab.faults import SDK_ATTEMPTS, FaultPlan
-from sqsinfer.queue import DETAIL_ATTR, REASON_ATTR
+from proving.faults import SDK_ATTEMPTS, FaultPlan
+from sqsinfer.aws.sqs import DETAIL_ATTR, REASON_ATTR
 from tests.conftest import (
     MAX_RECEIVE_COUNT,
     Stage,

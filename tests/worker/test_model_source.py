@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from sqsinfer.compute.errors import ModelLoadError
 from sqsinfer.config import ConfigError
-from sqsinfer.errors import ModelLoadError
 from sqsinfer.lab import synthetic
-from sqsinfer.preflight import StartupError
-from sqsinfer.worker import Worker
+from sqsinfer.worker.lifecycle import Worker
+from sqsinfer.worker.preflight import StartupError
 from tests.conftest import N_FEATURES, Stage, eventually, running
 
 

@@ -8,8 +8,8 @@ import sys
 import numpy as np
 import pyarrow as pa
 
+from sqsinfer.aws.sqs import DETAIL_ATTR, REASON_ATTR
 from sqsinfer.lab import synthetic
-from sqsinfer.queue import DETAIL_ATTR, REASON_ATTR
 from tests.conftest import N_FEATURES, Stage, eventually, outcome_count, running
 
 

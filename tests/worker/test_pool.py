@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 
 import tests.parent_only_marker  # noqa: F401  (a module only this process has)
-from sqsinfer import inference
-from sqsinfer import pool as pool_module
-from sqsinfer.errors import ModelLoadError
+from sqsinfer.compute import inference
+from sqsinfer.compute.errors import ModelLoadError
 from sqsinfer.lab import synthetic
-from sqsinfer.pool import InferencePool, PoolConfig, PoolCrashed
+from sqsinfer.worker import pool as pool_module
+from sqsinfer.worker.pool import InferencePool, PoolConfig, PoolCrashed
 from tests import handlers
 from tests.conftest import sample
 from tests.worker import gates

@@ -9,9 +9,9 @@ import subprocess
 import sys
 
 from sqsinfer import procfs, shm
-from sqsinfer.aws import open_clients
+from sqsinfer.aws.s3 import Storage
+from sqsinfer.aws.session import open_clients
 from sqsinfer.messages import parse_s3_uri
-from sqsinfer.storage import Storage
 from tests.conftest import Stage
 
 LIMIT = 1 << 20

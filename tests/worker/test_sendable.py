@@ -3,7 +3,7 @@
 moto accepts what AWS refuses (characters outside the XML range, messages whose
 attributes push them over the queue's MaximumMessageSize), so these tests run the real
 worker against moto and then hold everything that arrived on the next stage and the
-dead-letter queue to AWS's rules (`sqsinfer.lab.sqs_rules`).
+dead-letter queue to AWS's rules (`proving.sqs_rules`).
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from typing import Any
 
 from aiohttp import web
 
-from sqsinfer.aws import open_clients
+from proving.faults import FaultPlan, FaultProxy
+from proving.sqs_rules import SQS_DEFAULT_MAX_BYTES, unsendable
+from sqsinfer.aws.session import open_clients
+from sqsinfer.aws.sqs import BODY_TRUNCATED_ATTR, REASON_ATTR
 from sqsinfer.lab import synthetic
-from sqsinfer.lab.faults import FaultPlan, FaultProxy
-from sqsinfer.lab.sqs_rules import SQS_DEFAULT_MAX_BYTES, unsendable
-from sqsinfer.preflight import Preflight
-from sqsinfer.queue import BODY_TRUNCATED_ATTR, REASON_ATTR
+from sqsinfer.worker.preflight import Preflight
 from tests.conftest import N_FEATURES, Stage, eventually, running
 from tests.unit.test_inference import npy_claiming
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import logging
 
-from sqsinfer.lab.faults import FaultPlan
-from sqsinfer.worker import HELD_CAP_FACTOR
+from proving.faults import FaultPlan
+from sqsinfer.worker.lifecycle import HELD_CAP_FACTOR
 from tests.conftest import Stage, eventually, fault_proxy, outcome_count, running, sample
 from tests.worker.test_lifecycle import _input, _scripted
 

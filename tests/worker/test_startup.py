@@ -7,10 +7,10 @@ import asyncio
 import aiohttp
 import pytest
 
+from proving.faults import FaultPlan, FaultProxy
 from sqsinfer.lab import standin
-from sqsinfer.lab.faults import FaultPlan, FaultProxy
-from sqsinfer.preflight import StartupError
-from sqsinfer.worker import Worker
+from sqsinfer.worker.lifecycle import Worker
+from sqsinfer.worker.preflight import StartupError
 from tests.conftest import Stage, eventually, outcome_count, sample
 
 

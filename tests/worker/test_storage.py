@@ -10,12 +10,12 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from proving.faults import FaultPlan
 from sqsinfer import shm
-from sqsinfer.aws import SDK_RETRIES, open_clients
-from sqsinfer.lab.faults import FaultPlan
+from sqsinfer.aws.s3 import DataPath, Storage
+from sqsinfer.aws.session import SDK_RETRIES, open_clients
 from sqsinfer.messages import MessageRejected, S3Uri
 from sqsinfer.metrics import Metrics
-from sqsinfer.storage import DataPath, Storage
 from tests.conftest import Stage, fault_proxy, sample
 
 INPUT = bytes(range(256)) * 12_000  # 3 MB: more than one chunk

@@ -7,8 +7,8 @@ import time
 
 import numpy as np
 
+from proving.faults import FaultPlan, FaultProxy
 from sqsinfer.lab import synthetic
-from sqsinfer.lab.faults import FaultPlan, FaultProxy
 from tests.conftest import Stage, eventually, outcome_count, running
 from tests.worker.test_lifecycle import Poacher
 

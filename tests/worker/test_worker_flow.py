@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from sqsinfer.handlers.xgboost_impl import XGBoostHandler
+from sqsinfer.aws.sqs import DETAIL_ATTR, REASON_ATTR, SOURCE_QUEUE_ATTR
+from sqsinfer.compute.handlers.xgboost_impl import XGBoostHandler
 from sqsinfer.lab import synthetic
-from sqsinfer.queue import DETAIL_ATTR, REASON_ATTR, SOURCE_QUEUE_ATTR
 from tests.conftest import N_FEATURES, Stage, eventually, outcome_count, running, sample
 
 

@@ -33,8 +33,8 @@ _READY_TIMEOUT_S = 300.0
 
 def compute_loop(cfg: dict[str, Any], index: int, ready: Any, start: Any, stop: Any) -> None:
     """One process: the worker's child code (decode → predict → encode) on in-memory inputs."""
-    from sqsinfer import inference
     from sqsinfer.bench import workload
+    from sqsinfer.compute import inference
 
     pin_threads(cfg["threads"])
     inference.init_process(

@@ -174,7 +174,7 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    if not standin.has_local_extra("bench"):
+    if not standin.has_local_extra("sqsinfer bench"):
         return 2
     standin.use_fake_credentials()
     signal.signal(signal.SIGTERM, _interrupt)

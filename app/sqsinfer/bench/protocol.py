@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 
 from sqsinfer.bench.workload import Regime
-from sqsinfer.inference import THREAD_VARS
+from sqsinfer.compute.inference import THREAD_VARS
 
 SPAWN = multiprocessing.get_context("spawn")
 

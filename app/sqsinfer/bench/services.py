@@ -26,13 +26,13 @@ import numpy as np
 import orjson
 from aiohttp import web
 
-from sqsinfer import formats
-from sqsinfer.aws import open_clients
+from sqsinfer.aws.s3 import DataPath, Storage
+from sqsinfer.aws.session import open_clients
+from sqsinfer.aws.sqs import Message, SqsQueue
 from sqsinfer.bench.protocol import SPAWN, emit, pin_threads, regime_of, task_finished
+from sqsinfer.compute import formats
 from sqsinfer.messages import MessageRules, parse_prefixes, parse_s3_uri, parse_task
-from sqsinfer.queue import Message, SqsQueue
 from sqsinfer.runtime import run_async
-from sqsinfer.storage import DataPath, Storage
 
 Handle = Callable[[Message, float], Awaitable[None]]
 _WAIT_TIME_S = 1

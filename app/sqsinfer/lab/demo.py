@@ -374,7 +374,7 @@ def _run(args: argparse.Namespace, moto: standin.MotoServer, workdir: str) -> in
 
 
 def main(args: argparse.Namespace) -> int:
-    if not standin.has_local_extra("demo"):
+    if not standin.has_local_extra("sqsinfer demo"):
         return 2
     standin.use_fake_credentials()
     with tempfile.TemporaryDirectory() as workdir, standin.moto_server() as moto:

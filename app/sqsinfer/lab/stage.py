@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import orjson
 
+from sqsinfer.aws.sqs import REASON_ATTR
 from sqsinfer.lab import standin, synthetic
-from sqsinfer.queue import REASON_ATTR
 
 if TYPE_CHECKING:  # imported where used: the CLI builds this wing's parsers everywhere
     import psutil

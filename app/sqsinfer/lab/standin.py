@@ -81,12 +81,12 @@ def clients(endpoint: str, region: str = REGION) -> tuple[Any, Any]:
 
 
 def has_local_extra(command: str, modules: tuple[str, ...] = LOCAL_MODULES) -> bool:
-    """True when what `command` needs is installed; else say which extra to install (on
-    stderr) so that the command can stop before anything starts."""
+    """True when what `command` (as its user types it) needs is installed; else say which
+    extra to install (on stderr) so that the command can stop before anything starts."""
     missing = [name for name in modules if not _importable(name)]
     if missing:
         print(
-            f"sqsinfer {command} runs on a local stand-in for S3 and SQS and needs the "
+            f"{command} runs on a local stand-in for S3 and SQS and needs the "
             f"'local' extra (missing: {', '.join(missing)}):\n"
             "  pip install 'sqsinfer[local]'      (from a checkout: pip install -e '.[local]')",
             file=sys.stderr,

@@ -10,7 +10,7 @@ import numpy as np
 import orjson
 
 if TYPE_CHECKING:
-    from sqsinfer.handlers.xgboost_impl import XGBoostHandler
+    from sqsinfer.compute.handlers.xgboost_impl import XGBoostHandler
 
 
 def train_model(
@@ -83,7 +83,7 @@ def decode_output(data: bytes, fmt: str) -> np.ndarray:
 def predictor(model_path: str) -> XGBoostHandler:
     """The model as the worker's default handler loads it, for direct predictions to check
     outputs against."""
-    from sqsinfer.handlers.xgboost_impl import XGBoostHandler
+    from sqsinfer.compute.handlers.xgboost_impl import XGBoostHandler
 
     handler = XGBoostHandler()
     handler.load(model_path, 1)

@@ -27,8 +27,11 @@ from typing import IO, Any, Protocol
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from sqsinfer import backoff, formats
-from sqsinfer.aws import error_code, http_status
+from sqsinfer import backoff
+from sqsinfer.aws.s3 import Storage
+from sqsinfer.aws.session import error_code, http_status
+from sqsinfer.aws.sqs import SQS_BATCH_MAX
+from sqsinfer.compute import formats
 from sqsinfer.messages import S3Uri, parse_prefixes, parse_s3_uri
 from sqsinfer.ops import common
 from sqsinfer.ops.manifest import (
@@ -42,8 +45,6 @@ from sqsinfer.ops.manifest import (
     read_listing,
     read_manifest,
 )
-from sqsinfer.queue import SQS_BATCH_MAX
-from sqsinfer.storage import Storage
 
 log = logging.getLogger("sqsinfer.enqueue")
 
@@ -520,7 +521,7 @@ async def _main(
     pattern: KeyPattern | None,
     fh: IO[bytes] | None,
 ) -> int:
-    from sqsinfer.aws import open_clients
+    from sqsinfer.aws.session import open_clients
 
     options = EnqueueOptions(
         queue_url=args.queue_url,

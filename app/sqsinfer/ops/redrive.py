@@ -29,8 +29,7 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from sqsinfer.ops import common
-from sqsinfer.queue import (
+from sqsinfer.aws.sqs import (
     REASON_ATTR,
     SOURCE_QUEUE_ATTR,
     SQS_BATCH_MAX,
@@ -38,6 +37,7 @@ from sqsinfer.queue import (
     Message,
     SqsQueue,
 )
+from sqsinfer.ops import common
 
 log = logging.getLogger("sqsinfer.redrive")
 
@@ -371,7 +371,7 @@ async def _dlq_url(sqs: Any, args: argparse.Namespace) -> str:
 
 
 async def _main(args: argparse.Namespace) -> int:
-    from sqsinfer.aws import open_clients
+    from sqsinfer.aws.session import open_clients
 
     async with open_clients(args.region, args.endpoint_url) as clients:
         redriver: Redriver | None = None

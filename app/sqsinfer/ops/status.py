@@ -18,8 +18,8 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
+from sqsinfer.aws.sqs import SqsQueue
 from sqsinfer.ops import common
-from sqsinfer.queue import SqsQueue
 
 _COUNTS = {
     "visible": "ApproximateNumberOfMessages",
@@ -263,7 +263,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 async def _main(args: argparse.Namespace, urls: list[str]) -> int:
-    from sqsinfer.aws import open_clients
+    from sqsinfer.aws.session import open_clients
 
     async with open_clients(args.region, args.endpoint_url) as clients:
         try:

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from sqsinfer.errors import InputError, ModelLoadError
+from sqsinfer.compute.errors import InputError, ModelLoadError
 
 
 class OnnxHandler:

@@ -26,9 +26,9 @@ import logging
 import time
 from collections.abc import Callable
 
+from sqsinfer.aws.sqs import SQS_BATCH_MAX, Extension, Message, SqsQueue
 from sqsinfer.backoff import Backoff
 from sqsinfer.metrics import Metrics
-from sqsinfer.queue import SQS_BATCH_MAX, Extension, Message, SqsQueue
 
 log = logging.getLogger("sqsinfer.visibility")
 

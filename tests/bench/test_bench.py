@@ -118,7 +118,7 @@ def test_the_onnx_model_is_the_mlp_it_describes(tmp_path):
     import onnx
     from onnx import numpy_helper
 
-    from sqsinfer.handlers.onnx_impl import OnnxHandler
+    from sqsinfer.compute.handlers.onnx_impl import OnnxHandler
 
     regime = dataclasses.replace(workload.REGIMES["quick"], features=6, mlp_hidden=(5, 4))
     described, path = workload.for_handler(regime, "onnx", seed=3, cache_dir=str(tmp_path))

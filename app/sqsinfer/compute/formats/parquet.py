@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from sqsinfer.errors import InputError
+from sqsinfer.compute.errors import InputError
 
 _FLOAT32_BYTES = 4
 # Rows of one column decoded by pyarrow at a time, whatever the row groups' size: 512 KiB

@@ -32,6 +32,7 @@ import logging
 import random
 import signal
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -40,7 +41,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from sqsinfer.aws import SDK_RETRIES
+from sqsinfer.aws.session import SDK_RETRIES
 
 log = logging.getLogger("sqsinfer.faults")
 
@@ -423,7 +424,7 @@ class FaultProxy:
 
 
 async def serve(target: str, plan: FaultPlan, port: int, record_path: str = "") -> None:
-    """Run a proxy until cancelled (the `sqsinfer faultproxy` command)."""
+    """Run a proxy until cancelled (`python -m proving.faults`)."""
     proxy = FaultProxy(target, plan, port=port, record_path=record_path)
     await proxy.start()
     print(f"fault proxy on {proxy.url} -> {target}", flush=True)
@@ -465,11 +466,11 @@ _OPTIONS = (
 )
 
 
-def add_parser(sub: Any) -> None:
-    p = sub.add_parser(
-        "faultproxy",
-        help="a fault-injecting proxy in front of a local S3/SQS endpoint (for chaos tests)",
-        epilog="example:\n  sqsinfer faultproxy --target http://127.0.0.1:5000 --port 5001 "
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m proving.faults",
+        description="A fault-injecting proxy in front of a local S3/SQS endpoint.",
+        epilog="example:\n  python -m proving.faults --target http://127.0.0.1:5000 --port 5001 "
         "--s3-5xx 0.1 --s3-conflict 0.02 --sqs-errors 0.02 --latency-ms 20 --drop 0.01\n"
         "      --send-drop 0.02 --send-drop-queue stage2 --marker-failures 0.02",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -520,7 +521,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--record-sends", default="", metavar="PATH", help="append every message sent to PATH"
     )
-    p.set_defaults(func=_command)
+    return p
 
 
 def parse_slow_reads(items: list[str]) -> dict[str, float]:
@@ -534,9 +535,10 @@ def parse_slow_reads(items: list[str]) -> dict[str, float]:
     return found
 
 
-def _command(args: argparse.Namespace) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     from sqsinfer import logs
 
+    args = build_parser().parse_args(argv)
     logs.configure("INFO", "json")
     try:
         target = check_target(args.target)
@@ -545,10 +547,10 @@ def _command(args: argparse.Namespace) -> int:
             **{name: getattr(args, name) for name in _RATES + _OPTIONS},
         )
     except ValueError as exc:
-        print(f"sqsinfer faultproxy: {exc}", file=sys.stderr)
+        print(f"proving.faults: {exc}", file=sys.stderr)
         return 2
 
-    async def main() -> int:
+    async def serve_until_stopped() -> int:
         task = asyncio.current_task()
         assert task is not None
         loop = asyncio.get_running_loop()
@@ -558,4 +560,8 @@ def _command(args: argparse.Namespace) -> int:
             await serve(target, plan, args.port, args.record_sends)
         return 0
 
-    return asyncio.run(main())
+    return asyncio.run(serve_until_stopped())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

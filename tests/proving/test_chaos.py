@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from sqsinfer.lab import chaos
+from proving import chaos
 
 
 def test_a_small_chaos_run_loses_nothing(capsys):

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from botocore.exceptions import ClientError, ConnectionClosedError
 
-from sqsinfer.aws import open_clients
-from sqsinfer.handlers.xgboost_impl import XGBoostHandler
+from proving.faults import SDK_ATTEMPTS, FaultPlan, FaultProxy, classify, parse_slow_reads
+from proving.sqs_rules import SQS_DEFAULT_MAX_BYTES, unsendable
+from sqsinfer.aws.session import open_clients
+from sqsinfer.compute.handlers.xgboost_impl import XGBoostHandler
 from sqsinfer.lab import synthetic
-from sqsinfer.lab.faults import SDK_ATTEMPTS, FaultPlan, FaultProxy, classify, parse_slow_reads
-from sqsinfer.lab.sqs_rules import SQS_DEFAULT_MAX_BYTES, unsendable
 from sqsinfer.metrics import Metrics
 from tests.conftest import N_FEATURES, Stage, eventually, outcome_count, running, sample
 

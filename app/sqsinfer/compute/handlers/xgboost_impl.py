@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from sqsinfer.errors import InputError, ModelLoadError
+from sqsinfer.compute.errors import InputError, ModelLoadError
 
 
 class XGBoostHandler:

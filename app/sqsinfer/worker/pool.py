@@ -34,9 +34,10 @@ from multiprocessing import synchronize
 from multiprocessing import util as mp_util
 from typing import Any, TypeVar
 
-from sqsinfer import inference, procfs
+from sqsinfer import procfs
 from sqsinfer.backoff import Backoff
-from sqsinfer.errors import ModelLoadError
+from sqsinfer.compute import inference
+from sqsinfer.compute.errors import ModelLoadError
 from sqsinfer.metrics import Metrics
 
 log = logging.getLogger("sqsinfer.pool")

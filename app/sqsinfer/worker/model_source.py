@@ -21,8 +21,8 @@ from typing import Any
 import aiohttp
 
 from sqsinfer import config
-from sqsinfer.errors import ModelLoadError
-from sqsinfer.inference import file_sha256
+from sqsinfer.compute.errors import ModelLoadError
+from sqsinfer.compute.inference import file_sha256
 from sqsinfer.messages import S3Uri, parse_s3_uri
 
 log = logging.getLogger("sqsinfer.model")

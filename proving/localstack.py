@@ -7,7 +7,7 @@ semantics it relies on are run against both.
 
 LocalStack runs as `python -m localstack.runtime.main` from its own virtual environment
 on Python 3.13 (its pinned dependencies must not meet the worker's): `make
-test-localstack` builds it with `python -m sqsinfer.lab.localstack install`. Its state
+test-localstack` builds it with `python -m proving.localstack install`. Its state
 lives in a temporary directory that is removed when it stops.
 """
 
@@ -242,7 +242,7 @@ def _interrupt(signum: int, frame: object) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m sqsinfer.lab.localstack",
+        prog="python -m proving.localstack",
         description="Install LocalStack into its own venv, or serve S3 and SQS on loopback.",
     )
     verbs = parser.add_subparsers(dest="verb", required=True)

@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from sqsinfer import formats
-from sqsinfer.errors import InputError, ModelLoadError
-from sqsinfer.handlers import Handler, import_handler
+from sqsinfer.compute import formats
+from sqsinfer.compute.errors import InputError, ModelLoadError
+from sqsinfer.compute.handlers import Handler, import_handler
 
 # Threads of native libraries must be pinned before they are imported in the child.
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")

@@ -32,17 +32,18 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from sqsinfer import backoff, formats, inference
-from sqsinfer.aws import error_code
-from sqsinfer.chain import Delivery, Linker, LinkNotSent
+from sqsinfer import backoff
+from sqsinfer.aws.s3 import ObjectInfo, Storage
+from sqsinfer.aws.session import error_code
+from sqsinfer.aws.sqs import Message, Sender, SqsQueue, dead_letter_copy
+from sqsinfer.compute import formats, inference
+from sqsinfer.compute.errors import InputError
 from sqsinfer.config import Settings
-from sqsinfer.errors import InputError
 from sqsinfer.messages import MessageRejected, MessageRules, S3Uri, Task, parse_task
 from sqsinfer.metrics import Metrics, Phase
 from sqsinfer.outcomes import Outcome
-from sqsinfer.pool import InferencePool
-from sqsinfer.queue import Message, Sender, SqsQueue, dead_letter_copy
-from sqsinfer.storage import ObjectInfo, Storage
+from sqsinfer.worker.chain import Delivery, Linker, LinkNotSent
+from sqsinfer.worker.pool import InferencePool
 
 log = logging.getLogger("sqsinfer.task")
 

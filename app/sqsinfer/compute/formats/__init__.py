@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from sqsinfer import decoding, decoding_parquet
+from sqsinfer.compute.formats import npy, parquet, text
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ def _without_options(decoder: Callable[[memoryview, int], np.ndarray]) -> Decode
 
 
 def _decode_parquet(buf: memoryview, max_bytes: int, options: InputOptions) -> np.ndarray:
-    return decoding_parquet.decode_parquet(buf, max_bytes, options.columns)
+    return parquet.decode_parquet(buf, max_bytes, options.columns)
 
 
 def _encode_npy(predictions: np.ndarray) -> bytes:
@@ -100,12 +100,10 @@ class Format:
 
 
 FORMATS: tuple[Format, ...] = (
-    Format("npy", ".npy", "application/x-npy", _without_options(decoding.decode_npy), _encode_npy),
-    Format(
-        "json", ".json", "application/json", _without_options(decoding.decode_json), _encode_json
-    ),
-    Format("jsonl", ".jsonl", "application/x-ndjson", _without_options(decoding.decode_jsonl)),
-    Format("csv", ".csv", "text/csv", _without_options(decoding.decode_csv)),
+    Format("npy", ".npy", "application/x-npy", _without_options(npy.decode_npy), _encode_npy),
+    Format("json", ".json", "application/json", _without_options(text.decode_json), _encode_json),
+    Format("jsonl", ".jsonl", "application/x-ndjson", _without_options(text.decode_jsonl)),
+    Format("csv", ".csv", "text/csv", _without_options(text.decode_csv)),
     Format(
         "parquet",
         ".parquet",

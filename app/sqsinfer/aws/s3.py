@@ -28,7 +28,7 @@ from obstore.exceptions import AlreadyExistsError, GenericError
 from obstore.store import S3Store
 
 from sqsinfer import shm as shm_names
-from sqsinfer.aws import SDK_RETRIES, error_code, http_status
+from sqsinfer.aws.session import SDK_RETRIES, error_code, http_status
 from sqsinfer.backoff import Backoff
 from sqsinfer.messages import MessageRejected, S3Uri
 

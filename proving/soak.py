@@ -1,4 +1,4 @@
-"""`sqsinfer soak`: steady load through the real worker for a long while, with inference
+"""`python -m proving.soak`: steady load through the real worker for a long while, with inference
 processes SIGKILLed now and then; fails when memory, descriptors, shared memory or speed
 drift between the first and the last fifth of the run, or when a task is lost.
 
@@ -16,6 +16,7 @@ import argparse
 import contextlib
 import os
 import statistics
+import sys
 import tempfile
 import textwrap
 import time
@@ -481,18 +482,19 @@ def print_report(report: dict[str, Any]) -> None:
     )
 
 
-def add_parser(sub: Any) -> None:
+def build_parser() -> argparse.ArgumentParser:
     bounds = "; ".join(f"{b.label} {b.text()}" for b in BOUNDS)
-    p = sub.add_parser(
-        "soak",
-        help="steady load through a real worker with process kills; fails on drift or loss",
+    p = argparse.ArgumentParser(
+        prog="python -m proving.soak",
+        description="Steady load through a real worker with process kills; fails on drift or loss.",
         epilog=textwrap.fill(
             "Fails (exit 1) when, between the first and the last fifth of the run, a figure "
             f"passes its bound ({bounds}; a figure must pass both limits where two are "
             "given), or when any task lacks its output.",
             88,
         )
-        + "\n\nexamples:\n  sqsinfer soak --minutes 30\n  sqsinfer soak --seconds 30 --rate 4",
+        + "\n\nexamples:\n  python -m proving.soak --minutes 30\n"
+        "  python -m proving.soak --seconds 30 --rate 4",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--minutes", type=float, default=30.0, help="how long (30)")
@@ -503,11 +505,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--sample-s", type=float, default=0.0, help="sample interval (0: auto)")
     p.add_argument("--report", default="soak-report.json", help="the JSON report's path")
     p.add_argument("--handler", default="", help="soak this handler (module:Class) instead")
-    p.set_defaults(func=_command)
+    return p
 
 
-def _command(args: argparse.Namespace) -> int:
-    if not standin.has_local_extra("soak"):
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if not standin.has_local_extra("python -m proving.soak"):
         return 2
     config = SoakConfig(
         seconds=args.seconds or 60 * args.minutes,
@@ -534,3 +537,7 @@ def verdict_line(report: dict[str, Any]) -> str:
     if not _tasks_ok(report["tasks"]):
         why.append("tasks lost, left over or dead-lettered, or the worker did not exit 0")
     return "SOAK FAILED: " + "; ".join(why)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

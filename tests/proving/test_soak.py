@@ -1,4 +1,4 @@
-"""`sqsinfer soak`, short: the real worker under steady load and process kills loses
+"""`python -m proving.soak`, short: the real worker under steady load and process kills loses
 nothing and holds its resources; a worker that leaks fails it."""
 
 from __future__ import annotations
@@ -7,7 +7,8 @@ import json
 import subprocess
 import sys
 
-from sqsinfer.lab import soak
+import proving
+from proving import soak
 
 RESOURCES = ("parent_rss_mib", "children_rss_mib", "fds", "shm_entries")
 
@@ -18,9 +19,11 @@ def _verdicts(report: dict) -> dict[str, bool]:
 
 def test_a_short_soak_loses_nothing_and_holds_its_resources(tmp_path):
     path = tmp_path / "soak.json"
-    argv = [sys.executable, "-m", "sqsinfer", "soak", "--seconds", "20", "--kill-every-s", "5"]
+    argv = [sys.executable, "-m", "proving.soak", "--seconds", "20", "--kill-every-s", "5"]
     argv += ["--sample-s", "1", "--report", str(path)]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=170, check=False)
+    done = subprocess.run(
+        argv, capture_output=True, text=True, timeout=170, check=False, env=proving.module_env()
+    )
     said = done.stdout[-4000:] + done.stderr[-4000:]
     assert path.exists(), said
     report = json.loads(path.read_text())
@@ -40,7 +43,7 @@ def test_a_short_soak_loses_nothing_and_holds_its_resources(tmp_path):
 
 def test_a_leaking_worker_fails_the_soak():
     config = soak.SoakConfig(
-        seconds=15, kill_every_s=4, sample_s=1, handler="tests.lab.leaky:LeakingHandler"
+        seconds=15, kill_every_s=4, sample_s=1, handler="tests.proving.leaky:LeakingHandler"
     )
     report = soak.run(config)
     verdicts = _verdicts(report)

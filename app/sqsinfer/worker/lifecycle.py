@@ -29,19 +29,19 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from sqsinfer import __version__, config, shm
-from sqsinfer.aws import Clients, open_clients
+from sqsinfer.aws.s3 import DataPath, Storage
+from sqsinfer.aws.session import Clients, open_clients
+from sqsinfer.aws.sqs import SQS_BATCH_MAX, BatchSender, Message, Sender, SqsQueue
 from sqsinfer.backoff import Backoff
-from sqsinfer.health import HealthServer
 from sqsinfer.messages import MessageRules
 from sqsinfer.metrics import Metrics, Phase
 from sqsinfer.outcomes import Outcome
-from sqsinfer.pipeline import FINISHING_STEPS, Held, Pipeline
-from sqsinfer.pool import InferencePool, PoolConfig
-from sqsinfer.preflight import Preflight, StartupError, StoppedWhileStarting
-from sqsinfer.queue import SQS_BATCH_MAX, BatchSender, Message, Sender, SqsQueue
 from sqsinfer.runtime import STOP_SIGNALS, EarlySignals
-from sqsinfer.storage import DataPath, Storage
-from sqsinfer.visibility import VisibilityKeeper
+from sqsinfer.worker.health import HealthServer
+from sqsinfer.worker.pipeline import FINISHING_STEPS, Held, Pipeline
+from sqsinfer.worker.pool import InferencePool, PoolConfig
+from sqsinfer.worker.preflight import Preflight, StartupError, StoppedWhileStarting
+from sqsinfer.worker.visibility import VisibilityKeeper
 
 log = logging.getLogger("sqsinfer.worker")
 

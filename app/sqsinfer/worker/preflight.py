@@ -18,12 +18,13 @@ from typing import TypeVar
 
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
-from sqsinfer import config, model
-from sqsinfer.aws import Clients, error_code, http_status
+from sqsinfer import config
+from sqsinfer.aws.session import Clients, error_code, http_status
+from sqsinfer.aws.sqs import SqsQueue
 from sqsinfer.backoff import Backoff
 from sqsinfer.messages import SQS_DEFAULT_MAX_MESSAGE_BYTES
-from sqsinfer.model import ModelFile
-from sqsinfer.queue import SqsQueue
+from sqsinfer.worker import model_source
+from sqsinfer.worker.model_source import ModelFile
 
 log = logging.getLogger("sqsinfer.preflight")
 T = TypeVar("T")
@@ -99,7 +100,7 @@ class Preflight:
     async def run(self) -> Dependencies:
         s = self.settings
         # A local model is checked first: a wrong pin needs no AWS endpoint to be reported.
-        local = None if model.is_remote(s.model_path) else await self._local_model()
+        local = None if model_source.is_remote(s.model_path) else await self._local_model()
         queue = SqsQueue(self.clients.sqs, s.queue_url)
         policy = await self._ask("queue_url", f"read queue {s.queue_url}", queue.redrive_policy)
         dlq_url = s.dlq_url or (policy.dlq_url if policy else "")
@@ -126,11 +127,11 @@ class Preflight:
 
     async def _local_model(self) -> ModelFile:
         s = self.settings
-        return await asyncio.to_thread(model.local, s.model_path, s.model_sha256)
+        return await asyncio.to_thread(model_source.local, s.model_path, s.model_sha256)
 
     async def _remote_model(self) -> ModelFile:
         s = self.settings
-        fetch = functools.partial(model.fetch, self.clients.s3, s)
+        fetch = functools.partial(model_source.fetch, self.clients.s3, s)
         return await self._ask("model_path", f"fetch model {s.model_path}", fetch)
 
     async def _max_message_bytes(self, url: str) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from sqsinfer.errors import ModelLoadError
+from sqsinfer.compute.errors import ModelLoadError
 
 if TYPE_CHECKING:
     import numpy as np
@@ -19,8 +19,8 @@ if TYPE_CHECKING:
 # Short names, in the manner of uvicorn's protocol registries: a name maps to an
 # import path, so a handler's dependencies are imported only when it is chosen.
 REGISTRY: dict[str, str] = {
-    "xgboost": "sqsinfer.handlers.xgboost_impl:XGBoostHandler",
-    "onnx": "sqsinfer.handlers.onnx_impl:OnnxHandler",
+    "xgboost": "sqsinfer.compute.handlers.xgboost_impl:XGBoostHandler",
+    "onnx": "sqsinfer.compute.handlers.onnx_impl:OnnxHandler",
 }
 DEFAULT = "xgboost"
 

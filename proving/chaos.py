@@ -1,4 +1,4 @@
-"""`sqsinfer chaos`: a two-stage chain run under fire, then checked from S3 and the queues.
+"""`python -m proving.chaos`: a two-stage chain run under fire, then checked from S3 and the queues.
 
 At once: duplicate deliveries, inference processes SIGKILLed mid-task, a worker SIGTERMed
 and restarted, another SIGKILLed (no drain at all) and restarted, S3 5xx and 409s, SQS
@@ -32,15 +32,17 @@ import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sqsinfer.chain import WRITE_ATTEMPTS
+import proving
+from proving.faults import SDK_ATTEMPTS, json_object
+from proving.sqs_rules import SQS_DEFAULT_MAX_BYTES, unsendable
 from sqsinfer.lab import feeder, stage, standin, synthetic
-from sqsinfer.lab.faults import SDK_ATTEMPTS, json_object
-from sqsinfer.lab.sqs_rules import SQS_DEFAULT_MAX_BYTES, unsendable
+from sqsinfer.worker.chain import WRITE_ATTEMPTS
 
 if TYPE_CHECKING:  # imported where used: the CLI builds this parser in every install
     import psutil
@@ -806,8 +808,7 @@ def _start_proxy(
     args = [
         sys.executable,
         "-m",
-        "sqsinfer",
-        "faultproxy",
+        "proving.faults",
         "--target",
         target,
         "--port",
@@ -843,7 +844,7 @@ def _start_proxy(
         os.path.join(workdir, SENDS),
     ]
     with open(os.path.join(workdir, PROXY_LOG), "ab") as log_file:
-        process = subprocess.Popen(args, stdout=log_file, stderr=log_file)
+        process = subprocess.Popen(args, stdout=log_file, stderr=log_file, env=proving.module_env())
     url = f"http://127.0.0.1:{port}"
     standin.wait_until_up(url, process)
     return process, url
@@ -940,7 +941,7 @@ def events_ok(events: Events, config: ChaosConfig) -> bool:
     )
 
 
-# The options of `sqsinfer chaos`: ChaosConfig's fields, each with what it sets.
+# The options of `python -m proving.chaos`: ChaosConfig's fields, each with what it sets.
 OPTION_HELP = {
     "tasks": "valid tasks fed to stage 1",
     "workers_per_stage": "worker processes per stage",
@@ -967,11 +968,13 @@ OPTION_HELP = {
 }
 
 
-def add_parser(sub: Any) -> None:
-    p = sub.add_parser(
-        "chaos",
-        help="run a two-stage chain under faults and kills, then check that nothing was lost",
-        epilog="example:\n  sqsinfer chaos --tasks 2000\n  sqsinfer chaos --tasks 100 --s3-5xx 0.2",
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m proving.chaos",
+        description="Run a two-stage chain under faults and kills, then check that nothing "
+        "was lost.",
+        epilog="example:\n  python -m proving.chaos --tasks 2000\n"
+        "  python -m proving.chaos --tasks 100 --s3-5xx 0.2",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     defaults = ChaosConfig()
@@ -984,12 +987,17 @@ def add_parser(sub: Any) -> None:
             help=f"{text} ({default:g})",
         )
     p.add_argument("--logs-dir", default="", help="keep every worker's JSON log here")
-    p.set_defaults(func=_command)
+    return p
 
 
-def _command(args: argparse.Namespace) -> int:
-    if not standin.has_local_extra("chaos"):
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if not standin.has_local_extra("python -m proving.chaos"):
         return 2
     names = ChaosConfig.__dataclass_fields__
     config = ChaosConfig(**{k: v for k, v in vars(args).items() if k in names})
     return 1 if run(config).problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -41,12 +41,12 @@ from typing import Any
 
 import orjson
 
-from sqsinfer.aws import may_have_taken_effect
+from sqsinfer.aws.s3 import Storage
+from sqsinfer.aws.session import may_have_taken_effect
+from sqsinfer.aws.sqs import EntryFailed, Sender
 from sqsinfer.backoff import Backoff
 from sqsinfer.messages import S3Uri, Task, next_stage_body
 from sqsinfer.metrics import DuplicateKind, Metrics
-from sqsinfer.queue import EntryFailed, Sender
-from sqsinfer.storage import Storage
 
 log = logging.getLogger("sqsinfer.chain")
 

@@ -1,0 +1,59 @@
+"""The proving ground's commands without the `local` extra: those that need the stand-in
+say what to install; the fault proxy, which needs none of it, runs."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+import pytest
+
+import proving
+from tests.lab.test_demo import BLOCK_LOCAL
+
+
+def _run_blocked(*argv: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
+    module, *rest = argv
+    code = BLOCK_LOCAL + f"from proving.{module} import main\nsys.exit(main({rest!r}))\n"
+    argv_ = [sys.executable, "-c", code]
+    return subprocess.run(
+        argv_,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+        env=proving.module_env(),
+    )
+
+
+@pytest.mark.parametrize("command", ["chaos", "soak"])
+def test_without_the_local_extra_the_command_says_what_to_install(command):
+    done = _run_blocked(command)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert f"python -m proving.{command} runs on a local stand-in" in done.stderr
+    assert "pip install 'sqsinfer[local]'" in done.stderr
+    assert "missing: moto, flask, flask_cors" in done.stderr
+
+
+def test_the_fault_proxy_needs_no_local_extra():
+    code = BLOCK_LOCAL + (
+        "from proving.faults import main\n"
+        "sys.exit(main(['--target', 'http://127.0.0.1:9', '--port', '0']))\n"
+    )
+    proxy = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=proving.module_env(),
+    )
+    try:
+        assert proxy.stdout is not None
+        assert proxy.stdout.readline().startswith("fault proxy on http://127.0.0.1:")
+    finally:
+        proxy.send_signal(signal.SIGTERM)
+        _, err = proxy.communicate(timeout=30)
+    assert proxy.returncode == 0, err
+    assert "Traceback" not in err
