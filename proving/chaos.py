@@ -40,8 +40,10 @@ import numpy as np
 
 import proving
 from proving.faults import SDK_ATTEMPTS, json_object
-from proving.sqs_rules import SQS_DEFAULT_MAX_BYTES, unsendable
+from proving.sqs_rules import unsendable
 from sqsinfer.lab import feeder, stage, standin, synthetic
+from sqsinfer.limits import SQS_DEFAULT_MAX_MESSAGE_BYTES
+from sqsinfer.logs import Event
 from sqsinfer.worker.chain import WRITE_ATTEMPTS
 
 if TYPE_CHECKING:  # imported where used: the CLI builds this parser in every install
@@ -421,7 +423,7 @@ def _deliveries(lines: list[dict[str, Any]]) -> dict[str, set[str]]:
     """Task id → the distinct message ids that reached an outcome for it."""
     found: dict[str, set[str]] = defaultdict(set)
     for line in lines:
-        if line.get("msg") == "task finished" and line.get("task_id"):
+        if line.get("msg") == Event.TASK_FINISHED and line.get("task_id"):
             found[line["task_id"]].add(line["message_id"])
     return found
 
@@ -504,7 +506,7 @@ def check_downstream(
     the delivery that took the link over. So certain <= observed <= certain + possible.
     """
     extra = {t: len(ids) - 1 for t, ids in _deliveries(stage2).items() if len(ids) > 1}
-    counted = [line for line in stage1 if line.get("msg") == "chain duplicate"]
+    counted = [line for line in stage1 if line.get("msg") == Event.CHAIN_DUPLICATE]
     kinds = Counter(str(line.get("kind")) for line in counted)
     per_task = Counter(str(line.get("task_id")) for line in counted)
     observed = sum(extra.values())
@@ -524,7 +526,7 @@ def check_downstream(
         f"{kinds['certain'] + kinds['possible']} "
         f"(certain {kinds['certain']}, possible {kinds['possible']})",
         "chain links taken over": sum(
-            1 for line in stage1 if line.get("msg") == "chain link taken over"
+            1 for line in stage1 if line.get("msg") == Event.CHAIN_LINK_TAKEN_OVER
         ),
     }
 
@@ -533,9 +535,11 @@ def check_logs(lines: dict[str, list[dict[str, Any]]], work: Workload, f: Findin
     stage1, stage2 = _log_lines(lines, "stage1"), _log_lines(lines, "stage2")
     check_downstream(stage1, stage2, f)
     all_lines = stage1 + stage2
-    restarts = [line for line in all_lines if line.get("msg") == "pool process restarted"]
-    lost = [line.get("why", "") for line in all_lines if line.get("msg") == "pool process lost"]
-    outcomes = Counter(line["outcome"] for line in all_lines if line.get("msg") == "task finished")
+    restarts = [line for line in all_lines if line.get("msg") == Event.POOL_PROCESS_RESTARTED]
+    lost = [line.get("why", "") for line in all_lines if line.get("msg") == Event.POOL_PROCESS_LOST]
+    outcomes = Counter(
+        line["outcome"] for line in all_lines if line.get("msg") == Event.TASK_FINISHED
+    )
     f.figures |= {
         "duplicate deliveries sent": work.duplicates,
         "processes lost (during a task / idle)": (
@@ -556,7 +560,7 @@ def check_logs(lines: dict[str, list[dict[str, Any]]], work: Workload, f: Findin
             Counter(
                 line["reason"]
                 for line in all_lines
-                if line.get("msg") == "task finished"
+                if line.get("msg") == Event.TASK_FINISHED
                 and line.get("outcome") in ("retried", "committed")
                 and line.get("reason")
             )
@@ -566,7 +570,7 @@ def check_logs(lines: dict[str, list[dict[str, Any]]], work: Workload, f: Findin
 
 def _max_bytes(sqs: Any, url: str) -> int:
     attrs = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["MaximumMessageSize"])
-    return int(attrs["Attributes"].get("MaximumMessageSize", SQS_DEFAULT_MAX_BYTES))
+    return int(attrs["Attributes"].get("MaximumMessageSize", SQS_DEFAULT_MAX_MESSAGE_BYTES))
 
 
 def check_sends(
@@ -610,11 +614,11 @@ def check_sends(
 # -- the visibility keeper under stalled calls ----------------------------------------------
 
 # The log lines a message's hold is read from.
-_FINISHED = "task finished"
-_WILL_RETRY = "task failed, will retry"
+_FINISHED = Event.TASK_FINISHED
+_WILL_RETRY = Event.TASK_FAILED
 _OVER_TIME = "task over max time, abandoned"
-_RELEASING = frozenset({"draining", "drain deadline passed, releasing"})
-_NOT_EXTENDED = "visibility not extended"
+_RELEASING = frozenset({Event.DRAINING, Event.DRAIN_DEADLINE_PASSED})
+_NOT_EXTENDED = Event.VISIBILITY_NOT_EXTENDED
 _HELD_CALL = "visibility call held"
 # Log times are to the millisecond, and a hold is seen to start a little after SQS's.
 _SLACK_S = 0.05

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from sqsinfer.lab import feeder, stage, standin, synthetic
+from sqsinfer.logs import Event
 
 if TYPE_CHECKING:  # imported where used: the CLI builds this wing's parsers everywhere
     import psutil
@@ -330,7 +331,7 @@ class Soak:
 
     def read_log(self) -> None:
         for record in self.tail.read() if self.tail else []:
-            if record.get("msg") == "task finished":
+            if record.get("msg") == Event.TASK_FINISHED:
                 self.outcomes[str(record.get("outcome"))] += 1
                 if record.get("outcome") == "committed":
                     self.pending.append(float(record.get("seconds", 0.0)))

@@ -13,10 +13,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from sqsinfer.limits import SQS_MAX_ATTRIBUTES
+
 # XML 1.0: #x9 | #xA | #xD | [#x20-#xD7FF] | [#xE000-#xFFFD] | [#x10000-#x10FFFF]
 _XML_TEXT = re.compile("[\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]*")
-SQS_DEFAULT_MAX_BYTES = 262_144
-SQS_MAX_ATTRIBUTES = 10
 
 
 def sendable_text(text: str) -> bool:

@@ -8,10 +8,12 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from sqsinfer import config, logs
+
 # Only what every command needs is imported here. Started as the `sqsinfer` script, the
 # worker's spawned processes run that script again (as __mp_main__), and so import this
 # module: each command's own modules (the AWS SDK, obstore, aiohttp) load when it runs.
-from sqsinfer import config, logs
+from sqsinfer.logs import Event
 
 log = logging.getLogger("sqsinfer")
 
@@ -58,7 +60,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     try:
         return run_async(main())
     except (ModelLoadError, StartupError) as exc:
-        log.error("cannot start", extra={"error": str(exc)})
+        log.error(Event.CANNOT_START, extra={"error": str(exc)})
         print(f"sqsinfer worker: cannot start: {exc}", file=sys.stderr)
         return EXIT_FAILED
 

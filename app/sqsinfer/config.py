@@ -20,10 +20,10 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from sqsinfer.compute import formats, handlers
+from sqsinfer.limits import SQS_DEFAULT_MAX_MESSAGE_BYTES, SQS_MAX_VISIBILITY_S, SQS_MAX_WAIT_S
 from sqsinfer.messages import S3Uri, parse_prefixes, parse_s3_uri
 
 ENV_PREFIX = "SQSINFER_"
-_SQS_MAX_VISIBILITY_S = 43_200  # SQS caps a message's visibility at 12 hours
 # After the drain deadline, a commit already under way may take this long to land, and
 # then tasks still running are cancelled and their messages released within this long.
 COMMIT_GRACE_S = 10.0
@@ -120,7 +120,9 @@ class Settings:
         60, "visibility a received message gets, renewed by the heartbeat", int
     )
     heartbeat_s: float = _opt(20.0, "how often in-flight messages are extended", float)
-    wait_time_s: int = _opt(20, "long-poll wait of each receive (0-20)", int)
+    wait_time_s: int = _opt(
+        SQS_MAX_WAIT_S, f"long-poll wait of each receive (0-{SQS_MAX_WAIT_S})", int
+    )
     task_time_s: float = _opt(
         60.0,
         "the longest a task normally takes (its p99, fetch to commit); shutdown waits for it",
@@ -143,7 +145,9 @@ class Settings:
         "a delivery that finds another's chain intent waits this long, then takes the link over",
         float,
     )
-    max_message_bytes: int = _opt(262_144, "largest message body accepted", int)
+    max_message_bytes: int = _opt(
+        SQS_DEFAULT_MAX_MESSAGE_BYTES, "largest message body accepted", int
+    )
     max_input_bytes: int = _opt(64 * 2**20, "largest input object read from S3", int)
     max_decoded_bytes: int = _opt(256 * 2**20, "largest decoded input array", int)
     retry_base_s: float = _opt(5.0, "visibility delay of a first transient failure", float)
@@ -318,9 +322,9 @@ def _check_numbers(s: Settings, _: bool) -> None:
     )
     _require(s.max_prefetch >= 1, "max_prefetch", "must be at least 1")
     _require(
-        1 <= s.visibility_timeout_s <= _SQS_MAX_VISIBILITY_S,
+        1 <= s.visibility_timeout_s <= SQS_MAX_VISIBILITY_S,
         "visibility_timeout_s",
-        f"must be 1-{_SQS_MAX_VISIBILITY_S}",
+        f"must be 1-{SQS_MAX_VISIBILITY_S}",
     )
     # The keeper extends what would lapse before the tick after next, so an extension
     # starts at least one heartbeat before the lapse: a heartbeat is its margin.
@@ -330,12 +334,12 @@ def _check_numbers(s: Settings, _: bool) -> None:
         f"must be above 0 and at most a third of the visibility timeout "
         f"({s.visibility_timeout_s} s), so that each extension has a heartbeat of margin",
     )
-    _require(0 <= s.wait_time_s <= 20, "wait_time_s", "must be 0-20")
+    _require(0 <= s.wait_time_s <= SQS_MAX_WAIT_S, "wait_time_s", f"must be 0-{SQS_MAX_WAIT_S}")
     _check_task_times(s)
     _require(s.chain_settle_s > 0, "chain_settle_s", "must be above 0")
     _require(0 < s.retry_base_s <= s.retry_max_s, "retry_base_s", "must be in (0, retry_max_s]")
     _require(
-        s.retry_max_s <= _SQS_MAX_VISIBILITY_S, "retry_max_s", f"at most {_SQS_MAX_VISIBILITY_S}"
+        s.retry_max_s <= SQS_MAX_VISIBILITY_S, "retry_max_s", f"at most {SQS_MAX_VISIBILITY_S}"
     )
     for name in ("max_message_bytes", "max_input_bytes", "max_decoded_bytes", "max_model_bytes"):
         _require(getattr(s, name) > 0, name, "must be above 0")
@@ -352,10 +356,10 @@ def _check_task_times(s: Settings) -> None:
         "the tasks started just before it; 0 derives it",
     )
     _require(
-        s.task_time_s <= s.max_task_time_s <= _SQS_MAX_VISIBILITY_S,
+        s.task_time_s <= s.max_task_time_s <= SQS_MAX_VISIBILITY_S,
         "max_task_time_s",
         f"must be between task_time_s ({s.task_time_s:g} s) and SQS's visibility cap "
-        f"({_SQS_MAX_VISIBILITY_S} s)",
+        f"({SQS_MAX_VISIBILITY_S} s)",
     )
 
 

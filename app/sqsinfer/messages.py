@@ -14,6 +14,8 @@ from typing import Any
 import orjson
 
 from sqsinfer.compute import formats
+from sqsinfer.compute.errors import InputError
+from sqsinfer.limits import S3_MAX_KEY_BYTES, SQS_DEFAULT_MAX_MESSAGE_BYTES
 
 # Every pattern here validates a whole value: always `fullmatch`, never `match` with `$`
 # (which also matches before a final newline).
@@ -21,9 +23,6 @@ from sqsinfer.compute import formats
 _TASK_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._\-/=:@+]{0,511}")
 # S3 bucket naming rules (the subset that matters: no dots-and-dashes games, 3-63 chars).
 _BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]")
-S3_MAX_KEY_BYTES = 1024
-# A queue's MaximumMessageSize when it cannot be read (SQS's default for a new queue).
-SQS_DEFAULT_MAX_MESSAGE_BYTES = 262_144
 # Bytes kept free after every output key for the objects written next to it, named
 # `<output><suffix>` (the chain marker `.chain` and any other marker): an output key is
 # refused when its longest marker could not be written.
@@ -32,18 +31,6 @@ MAX_OUTPUT_KEY_BYTES = S3_MAX_KEY_BYTES - OUTPUT_MARKER_RESERVE_BYTES
 # What SQS accepts in a message body or attribute: the XML 1.0 character range. Anything
 # else (U+FFFE, U+FFFF, most C0 controls, lone surrogates) makes SendMessage fail.
 _NOT_XML_RE = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
-
-
-class MessageRejected(Exception):
-    """A permanent problem with a message: it goes to the dead-letter queue with `reason`."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(reason, detail)
-        self.reason = reason
-        self.detail = detail
-
-    def __str__(self) -> str:
-        return f"{self.reason}: {self.detail}"
 
 
 @dataclass(frozen=True, order=True)
@@ -166,7 +153,7 @@ def _field_uri(doc: dict[str, Any], name: str) -> S3Uri:
     try:
         return parse_s3_uri(doc[name], name)
     except ValueError as exc:
-        raise MessageRejected("invalid_field", str(exc)) from None
+        raise InputError("invalid_field", str(exc)) from None
 
 
 def _output_uri(doc: dict[str, Any], task_id: str, rules: MessageRules) -> S3Uri:
@@ -177,43 +164,43 @@ def _output_uri(doc: dict[str, Any], task_id: str, rules: MessageRules) -> S3Uri
     else:
         target = _field_uri(doc, "output")
         if not any(target.within(p) for p in rules.allowed_output_prefixes):
-            raise MessageRejected("output_not_allowed", f"{target} is outside the allowed prefixes")
+            raise InputError("output_not_allowed", f"{target} is outside the allowed prefixes")
     try:
         _check_key(target.key, "output", allow_empty=False, max_bytes=MAX_OUTPUT_KEY_BYTES)
     except ValueError as exc:
         where = " (derived from task_id and the output prefix)" if derived else ""
-        raise MessageRejected("invalid_field", f"{exc}{where}") from None
+        raise InputError("invalid_field", f"{exc}{where}") from None
     return target
 
 
 def _task_id(doc: dict[str, Any]) -> str:
     task_id = doc["task_id"]
     if not isinstance(task_id, str) or _TASK_ID_RE.fullmatch(task_id) is None:
-        raise MessageRejected(
+        raise InputError(
             "invalid_field",
             "task_id must be 1-512 characters of A-Z a-z 0-9 . _ - / = : @ + "
             "starting with a letter or digit",
         )
     if any(seg in (".", "..", "") for seg in task_id.split("/")):
-        raise MessageRejected("invalid_field", "task_id has an empty, '.' or '..' segment")
+        raise InputError("invalid_field", "task_id has an empty, '.' or '..' segment")
     return task_id
 
 
 def _load_document(body: str | bytes, rules: MessageRules) -> dict[str, Any]:
     size = len(body.encode() if isinstance(body, str) else body)
     if size > rules.max_message_bytes:
-        raise MessageRejected(
+        raise InputError(
             "message_too_large", f"body is {size} bytes, limit {rules.max_message_bytes}"
         )
     try:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
-        raise MessageRejected("malformed_json", str(exc)[:200]) from None
+        raise InputError("malformed_json", str(exc)[:200]) from None
     if not isinstance(doc, dict):
-        raise MessageRejected("malformed_json", "the body must be a JSON object")
+        raise InputError("malformed_json", "the body must be a JSON object")
     missing = [name for name in ("task_id", "input") if name not in doc]
     if missing:
-        raise MessageRejected("missing_field", "missing " + ", ".join(missing))
+        raise InputError("missing_field", "missing " + ", ".join(missing))
     return doc
 
 
@@ -226,23 +213,23 @@ def _format(
 ) -> formats.Format:
     """The format a key's suffix names, when this worker can read or write it."""
     if found is None:
-        raise MessageRejected(
+        raise InputError(
             "unsupported_format",
             f"{what} suffix {uri.suffix or '(none)'!r}; expected one of " + ", ".join(suffixes),
         )
     missing = found.missing if rules.require_installed_formats else ""
     if missing:
-        raise MessageRejected("unsupported_format", f"{what} {uri}: {missing}")
+        raise InputError("unsupported_format", f"{what} {uri}: {missing}")
     return found
 
 
 def parse_task(body: str | bytes, rules: MessageRules) -> Task:
-    """Parse and validate one message body into a Task, or raise MessageRejected."""
+    """Parse and validate one message body into a Task, or raise InputError."""
     doc = _load_document(body, rules)
     task_id = _task_id(doc)
     source = _field_uri(doc, "input")
     if not any(source.within(p) for p in rules.allowed_input_prefixes):
-        raise MessageRejected("input_not_allowed", f"{source} is outside the allowed prefixes")
+        raise InputError("input_not_allowed", f"{source} is outside the allowed prefixes")
     input_format = _format(
         formats.for_input(source.suffix), "input", source, formats.INPUT_SUFFIXES, rules
     )
@@ -252,11 +239,11 @@ def parse_task(body: str | bytes, rules: MessageRules) -> Task:
     )
     params = doc.get("params", {})
     if not isinstance(params, dict):
-        raise MessageRejected("invalid_field", "params must be a JSON object")
+        raise InputError("invalid_field", "params must be a JSON object")
     try:
         options = formats.input_options(params, input_format)
     except ValueError as exc:
-        raise MessageRejected("invalid_field", str(exc)) from None
+        raise InputError("invalid_field", str(exc)) from None
     return Task(task_id, source, target, input_format.name, output_format.name, params, options)
 
 

@@ -11,10 +11,11 @@ import pytest
 from botocore.exceptions import ClientError, ConnectionClosedError
 
 from proving.faults import SDK_ATTEMPTS, FaultPlan, FaultProxy, classify, parse_slow_reads
-from proving.sqs_rules import SQS_DEFAULT_MAX_BYTES, unsendable
+from proving.sqs_rules import unsendable
 from sqsinfer.aws.session import open_clients
 from sqsinfer.compute.handlers.xgboost_impl import XGBoostHandler
 from sqsinfer.lab import synthetic
+from sqsinfer.limits import SQS_DEFAULT_MAX_MESSAGE_BYTES
 from sqsinfer.metrics import Metrics
 from tests.conftest import N_FEATURES, Stage, eventually, outcome_count, running, sample
 
@@ -240,7 +241,7 @@ async def test_every_message_sent_through_the_proxy_is_recorded_as_sqs_would_get
     assert sent[0] == {"queue": stage.next_url, "body": "a\x00b", "attributes": attributes}
     assert len(sent) == 1 + SDK_ATTEMPTS  # the first try and each of the SDK's retries
     assert sent[-1] == {"queue": stage.queue_url, "body": "fine", "attributes": {}}
-    assert unsendable(sent[0]["body"], sent[0]["attributes"], SQS_DEFAULT_MAX_BYTES) == [
+    assert unsendable(sent[0]["body"], sent[0]["attributes"], SQS_DEFAULT_MAX_MESSAGE_BYTES) == [
         "body has characters outside the XML range",
         "attribute sqsinfer.reason has characters outside the XML range",
     ]

@@ -26,10 +26,9 @@ from sqsinfer.aws.sqs import REASON_ATTR, Message, dead_letter_copy
 from sqsinfer.compute import formats
 from sqsinfer.compute.errors import InputError
 from sqsinfer.lab.synthetic import parquet_bytes
+from sqsinfer.limits import S3_MAX_KEY_BYTES
 from sqsinfer.messages import (
     OUTPUT_MARKER_RESERVE_BYTES,
-    S3_MAX_KEY_BYTES,
-    MessageRejected,
     MessageRules,
     next_stage_body,
     parse_prefixes,
@@ -76,7 +75,7 @@ def parse_or_reject(body: str | bytes, rules: MessageRules = RULES) -> None:
     reason, in a DLQ copy SQS takes."""
     try:
         task = parse_task(body, rules)
-    except MessageRejected as rejected:
+    except InputError as rejected:
         assert rejected.reason and rejected.detail
         text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
         copy = dead_letter_copy(Message("id", "rh", text or "-", 1), *rejected.args, "https://q")

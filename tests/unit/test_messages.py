@@ -7,10 +7,10 @@ import json
 import orjson
 import pytest
 
+from sqsinfer.compute.errors import InputError
 from sqsinfer.messages import (
     MAX_OUTPUT_KEY_BYTES,
     OUTPUT_MARKER_RESERVE_BYTES,
-    MessageRejected,
     MessageRules,
     S3Uri,
     next_stage_body,
@@ -30,7 +30,7 @@ RULES = MessageRules(
 
 def reason(body: str | dict) -> str:
     text = body if isinstance(body, str) else json.dumps(body)
-    with pytest.raises(MessageRejected) as caught:
+    with pytest.raises(InputError) as caught:
         parse_task(text, RULES)
     return caught.value.reason
 
@@ -140,7 +140,7 @@ def test_a_derived_output_key_is_held_to_the_key_length_limit():
     rules = rules_with_prefix("o" * 600 + "/")
     fits = "t" * (MAX_OUTPUT_KEY_BYTES - 601 - len(".npy"))
     assert len(parse_task(body_with(task_id=fits), rules).output.key) == MAX_OUTPUT_KEY_BYTES
-    with pytest.raises(MessageRejected) as caught:
+    with pytest.raises(InputError) as caught:
         parse_task(body_with(task_id=fits + "x"), rules)
     assert caught.value.reason == "invalid_field"
     assert "output key" in caught.value.detail and "1024" in caught.value.detail
@@ -153,7 +153,7 @@ def test_an_output_key_leaves_room_for_its_markers():
     assert len(task.output.key) + OUTPUT_MARKER_RESERVE_BYTES == 1024
     # Within S3's own limit, but its `.chain` marker would not be.
     too_long = f"s3://data/{head}k.npy"
-    with pytest.raises(MessageRejected) as caught:
+    with pytest.raises(InputError) as caught:
         parse_task(body_with(output=too_long), rules)
     assert caught.value.reason == "invalid_field"
     assert "marker" in caught.value.detail

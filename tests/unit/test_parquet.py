@@ -19,7 +19,7 @@ from sqsinfer.compute import formats
 from sqsinfer.compute.errors import InputError
 from sqsinfer.config import ConfigError, Settings
 from sqsinfer.lab.synthetic import decode_output, parquet_bytes
-from sqsinfer.messages import MessageRejected, MessageRules, next_stage_body, parse_task
+from sqsinfer.messages import MessageRules, next_stage_body, parse_task
 from tests.unit.test_fuzz import RULES
 
 LIMIT = 1 << 20
@@ -175,7 +175,7 @@ def task(**fields):
 
 
 def rejection(**fields) -> tuple[str, str]:
-    with pytest.raises(MessageRejected) as caught:
+    with pytest.raises(InputError) as caught:
         task(**fields)
     return caught.value.reason, caught.value.detail
 

@@ -14,7 +14,6 @@ from sqsinfer.aws.sqs import (
     REASON_ATTR,
     SOURCE_ID_ATTR,
     SOURCE_QUEUE_ATTR,
-    SQS_BATCH_MAX_BYTES,
     Batcher,
     BatchSender,
     EntryFailed,
@@ -23,6 +22,7 @@ from sqsinfer.aws.sqs import (
     dead_letter_attributes,
     dead_letter_copy,
 )
+from sqsinfer.limits import SQS_BATCH_MAX_BYTES
 
 
 async def test_entries_are_sent_ten_at_a_time_and_only_successful_ones_count():

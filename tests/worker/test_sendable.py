@@ -15,10 +15,11 @@ from typing import Any
 from aiohttp import web
 
 from proving.faults import FaultPlan, FaultProxy
-from proving.sqs_rules import SQS_DEFAULT_MAX_BYTES, unsendable
+from proving.sqs_rules import unsendable
 from sqsinfer.aws.session import open_clients
 from sqsinfer.aws.sqs import BODY_TRUNCATED_ATTR, REASON_ATTR
 from sqsinfer.lab import synthetic
+from sqsinfer.limits import SQS_DEFAULT_MAX_MESSAGE_BYTES
 from sqsinfer.worker.preflight import Preflight
 from tests.conftest import N_FEATURES, Stage, eventually, running
 from tests.unit.test_inference import npy_claiming
@@ -70,7 +71,8 @@ async def test_everything_sent_is_sendable_and_every_rejection_has_its_reason(
     stage: Stage, make_settings
 ):
     stage.sqs.set_queue_attributes(
-        QueueUrl=stage.dlq_url, Attributes={"MaximumMessageSize": str(SQS_DEFAULT_MAX_BYTES)}
+        QueueUrl=stage.dlq_url,
+        Attributes={"MaximumMessageSize": str(SQS_DEFAULT_MAX_MESSAGE_BYTES)},
     )
     accepted, rejected = _hostile(stage)
     for body in [*accepted.values(), *rejected]:
@@ -83,9 +85,9 @@ async def test_everything_sent_is_sendable_and_every_rejection_has_its_reason(
     dead, forwarded = got[stage.dlq_url], got[stage.next_url]
     for message in dead + forwarded:
         attributes = message.get("MessageAttributes")
-        assert unsendable(message["Body"], attributes, SQS_DEFAULT_MAX_BYTES) == [], message[
-            "Body"
-        ][:200]
+        assert unsendable(message["Body"], attributes, SQS_DEFAULT_MAX_MESSAGE_BYTES) == [], (
+            message["Body"][:200]
+        )
     reasons = {
         m["Body"]: m.get("MessageAttributes", {}).get(REASON_ATTR, {}).get("StringValue")
         for m in dead
@@ -140,7 +142,10 @@ async def test_a_dead_letter_queue_whose_size_may_not_be_read_is_assumed_at_the_
     proxy.denied_queue = stage.dlq_url.rsplit("/", 1)[1]
     await proxy.start()
     try:
-        for endpoint, expected in ((stage.endpoint, 1024), (proxy.url, SQS_DEFAULT_MAX_BYTES)):
+        for endpoint, expected in (
+            (stage.endpoint, 1024),
+            (proxy.url, SQS_DEFAULT_MAX_MESSAGE_BYTES),
+        ):
             settings = make_settings(endpoint_url=endpoint)
             async with open_clients(settings.region, endpoint) as clients:
                 found = await Preflight(settings, clients, asyncio.Event()).run()

@@ -14,7 +14,8 @@ from proving.faults import FaultPlan
 from sqsinfer import shm
 from sqsinfer.aws.s3 import DataPath, Storage
 from sqsinfer.aws.session import SDK_RETRIES, open_clients
-from sqsinfer.messages import MessageRejected, S3Uri
+from sqsinfer.compute.errors import InputError
+from sqsinfer.messages import S3Uri
 from sqsinfer.metrics import Metrics
 from tests.conftest import Stage, fault_proxy, sample
 
@@ -54,11 +55,11 @@ async def test_get_and_conditional_put_keep_the_sdk_semantics(stage: Stage):
         found = await storage.head(out)  # the SDK's HEAD reads what obstore wrote
         assert found is not None and found.metadata == META
         before = _segments()
-        with pytest.raises(MessageRejected) as caught:
+        with pytest.raises(InputError) as caught:
             await storage.get_shared(uri, len(INPUT) - 1)
         assert caught.value.reason == "input_too_large"
         assert _segments() == before  # refused before a segment was made
-        with pytest.raises(MessageRejected) as caught:
+        with pytest.raises(InputError) as caught:
             await storage.get_shared(S3Uri(stage.bucket, "in/none.bin"), 1 << 20)
         assert caught.value.reason == "input_not_found"
     head = stage.s3.head_object(Bucket=stage.bucket, Key=out.key)

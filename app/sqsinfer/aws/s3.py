@@ -13,12 +13,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import weakref
 from collections.abc import AsyncIterable, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
-from multiprocessing import shared_memory
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -27,10 +25,12 @@ from botocore.exceptions import ClientError
 from obstore.exceptions import AlreadyExistsError, GenericError
 from obstore.store import S3Store
 
-from sqsinfer import shm as shm_names
 from sqsinfer.aws.session import SDK_RETRIES, error_code, http_status
 from sqsinfer.backoff import Backoff
-from sqsinfer.messages import MessageRejected, S3Uri
+from sqsinfer.compute.errors import InputError
+from sqsinfer.logs import Event
+from sqsinfer.messages import S3Uri
+from sqsinfer.shm import Segments, SharedInput
 
 if TYPE_CHECKING:
     from obstore.store import ClientConfig
@@ -47,118 +47,12 @@ _CONFLICT_STATUS = "409 Conflict"  # how object_store's message names S3's 409
 _PUT_BACKOFF = Backoff(base_s=0.1, max_s=2.0)
 # In object_store's message once it retried a call itself (5xx, throttling): not again.
 _SPENT_RETRIES = "max_retries"
-_CREATE_ATTEMPTS = 3
 # What a GET whose body broke off half-way raises (the SDK's, or obstore's).
 _BROKEN_BODY = (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, OSError, GenericError)
 # Request timeouts as the SDK client's: connect 5 s; a whole call (obstore times whole
 # calls, the SDK each read) long enough for the largest input.
 _CONNECT_TIMEOUT = "5s"
 _CALL_TIMEOUT = "300s"
-
-
-class Segments:
-    """One Storage's shared memory segments, kept for reuse between its tasks.
-
-    Creating a segment per task costs more than copying the input into it: the create
-    and the unlink each make a round trip to multiprocessing's resource tracker, and
-    every page of a new segment faults in on its first write (about 1.3 ms of CPU per
-    2 MB input here, against 0.2 ms for the copy alone). A segment whose task ended is
-    kept for the next input that fits; sizes are rounded up to whole MiB so inputs of
-    similar size share segments (tmpfs only spends memory on pages written).
-
-    Each Storage owns its own (one event loop uses it; nothing here is locked), and
-    they go when it does. Segments are named for this process (`shm.new_name`) so that
-    a worker starting after this one was killed can sweep them. A kept segment whose
-    name has gone from /dev/shm is never handed out again: this process still maps it
-    and could not tell, but no inference process can open it any more.
-    """
-
-    _ROUND_BYTES = 1 << 20
-    MAX_KEPT = 16
-    MAX_KEPT_BYTES = 64 << 20
-
-    def __init__(self) -> None:
-        self._free: list[shared_memory.SharedMemory] = []
-        # At collection or at exit, whichever comes first; never referring to self.
-        self._finalizer = weakref.finalize(self, _destroy_all, self._free)
-
-    def take(self, size: int) -> shared_memory.SharedMemory:
-        while fitting := [shm for shm in self._free if shm.size >= size]:
-            best = min(fitting, key=lambda shm: shm.size)
-            self._free.remove(best)
-            if shm_names.exists(best.name):
-                return best
-            log.warning("kept segment lost its name, replaced", extra={"segment": best.name})
-            _destroy(best)
-        if self._free:
-            # Trade a kept segment for the new one, so that segments in use plus kept never
-            # outnumber the most ever in use at once (the in-flight bound): /dev/shm is
-            # sized for that (processes x prefetch x max input) and must not overflow.
-            _destroy(self._free.pop())
-        return _create(-(-max(size, 1) // self._ROUND_BYTES) * self._ROUND_BYTES)
-
-    def give(self, shm: shared_memory.SharedMemory) -> None:
-        if len(self._free) < self.MAX_KEPT and shm.size <= self.MAX_KEPT_BYTES:
-            self._free.append(shm)
-        else:
-            _destroy(shm)
-
-    def clear(self) -> None:
-        """Destroy every kept segment (segments in use go when they are given back)."""
-        _destroy_all(self._free)
-
-
-def _create(size: int) -> shared_memory.SharedMemory:
-    for _ in range(_CREATE_ATTEMPTS - 1):
-        with contextlib.suppress(FileExistsError):  # 32 random bits: never, in practice
-            return shared_memory.SharedMemory(name=shm_names.new_name(), create=True, size=size)
-    return shared_memory.SharedMemory(name=shm_names.new_name(), create=True, size=size)
-
-
-def _destroy(shm: shared_memory.SharedMemory) -> None:
-    with contextlib.suppress(BufferError):
-        shm.close()
-    with contextlib.suppress(FileNotFoundError):
-        shm.unlink()
-
-
-def _destroy_all(segments: list[shared_memory.SharedMemory]) -> None:
-    while segments:
-        _destroy(segments.pop())
-
-
-class SharedInput:
-    """An S3 object's bytes in POSIX shared memory, named for a child process to map.
-
-    The segment comes from `segments` and goes back there when closed; without one the
-    input has a segment of its own, destroyed with it. The segment may be larger than
-    `size` (segments are reused): readers take `size`.
-    """
-
-    def __init__(self, size: int, segments: Segments | None = None) -> None:
-        self.size = size
-        self._segments = segments if segments is not None else Segments()
-        self._shm: shared_memory.SharedMemory | None = self._segments.take(size)
-        self.name = self._shm.name
-        view = self._shm.buf
-        assert view is not None  # a created segment is always mapped
-        self._view = view
-
-    def write_at(self, offset: int, chunk: bytes) -> None:
-        self._view[offset : offset + len(chunk)] = chunk
-
-    def close(self) -> None:
-        """Hand the segment back for reuse. Idempotent."""
-        if self._shm is None:
-            return
-        shm, self._shm = self._shm, None
-        self._segments.give(shm)
-
-    def __enter__(self) -> SharedInput:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 @dataclass(frozen=True)
@@ -252,7 +146,7 @@ class DataPath:
             try:
                 result = await obstore.get_async(self.store(uri.bucket), uri.key)
             except FileNotFoundError:
-                raise MessageRejected("input_not_found", f"{uri} does not exist") from None
+                raise InputError("input_not_found", f"{uri} does not exist") from None
         chunks = result.stream(min_chunk_size=_CHUNK_BYTES)
         return await _into_shared(uri, int(result.meta["size"]), max_bytes, chunks, segments)
 
@@ -293,7 +187,7 @@ class DataPath:
                 if failures > SDK_RETRIES or _SPENT_RETRIES in str(exc):
                     raise
                 delay_s = _PUT_BACKOFF.delay_s(failures - 1)
-            log.debug("conditional put again", extra={"uri": str(uri), "delay_s": delay_s})
+            log.debug(Event.CONDITIONAL_PUT_RETRIED, extra={"uri": str(uri), "delay_s": delay_s})
             await asyncio.sleep(delay_s)
 
 
@@ -328,7 +222,7 @@ class Storage:
             except _BROKEN_BODY as exc:
                 if attempt + 1 == _BODY_ATTEMPTS:
                     raise
-                log.debug("GET body broke off, again", extra={"uri": str(uri), "error": str(exc)})
+                log.debug(Event.GET_BODY_BROKE_OFF, extra={"uri": str(uri), "error": str(exc)})
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _get_shared_once(self, uri: S3Uri, max_bytes: int) -> SharedInput:
@@ -338,7 +232,7 @@ class Storage:
             response = await self.client.get_object(Bucket=uri.bucket, Key=uri.key)
         except ClientError as exc:
             if error_code(exc) in ("NoSuchKey", "404") or http_status(exc) == 404:
-                raise MessageRejected("input_not_found", f"{uri} does not exist") from None
+                raise InputError("input_not_found", f"{uri} does not exist") from None
             raise
         body = response["Body"]
         async with body:
@@ -390,7 +284,7 @@ class Storage:
                 if code != "ConditionalRequestConflict" or attempt == _CONFLICT_RETRIES:
                     raise
                 log.debug(
-                    "conditional put conflict", extra={"uri": str(uri), "attempt": attempt + 1}
+                    Event.CONDITIONAL_PUT_CONFLICT, extra={"uri": str(uri), "attempt": attempt + 1}
                 )
                 await asyncio.sleep(_CONFLICT_BACKOFF.delay_s(attempt))
         raise AssertionError("unreachable")  # pragma: no cover
@@ -402,7 +296,7 @@ async def _into_shared(
     """The object's body (`chunks`, not read yet) in shared memory, unless it is too large:
     refused before a byte of it is read or a segment made."""
     if size > max_bytes:
-        raise MessageRejected("input_too_large", f"{uri} is {size} bytes, limit {max_bytes}")
+        raise InputError("input_too_large", f"{uri} is {size} bytes, limit {max_bytes}")
     shared = SharedInput(size, segments)
     try:
         await _read_into(chunks, shared)

@@ -28,14 +28,18 @@ from typing import Any, Generic, TypeVar
 
 import orjson
 
-from sqsinfer.messages import SQS_DEFAULT_MAX_MESSAGE_BYTES, xml_safe
+from sqsinfer.limits import (
+    SQS_BATCH_MAX,
+    SQS_BATCH_MAX_BYTES,
+    SQS_DEFAULT_MAX_MESSAGE_BYTES,
+    SQS_MAX_ATTRIBUTES,
+)
+from sqsinfer.logs import Event
+from sqsinfer.messages import xml_safe
 
 log = logging.getLogger("sqsinfer.queue")
 
-SQS_BATCH_MAX = 10
-SQS_MAX_ATTRIBUTES = 10
 # The most one SendMessageBatch may carry, all entries together (SQS's oldest limit).
-SQS_BATCH_MAX_BYTES = 262_144
 # How long a delete or visibility change waits for others to share its batch call. A
 # message held a little longer costs nothing (it is invisible anyway, and holds no slot
 # while its delete waits); a call saved saves the pod a few milliseconds of CPU in the
@@ -176,7 +180,7 @@ class EntryBatcher(Generic[T]):
         failed = {item["Id"]: item for item in response.get("Failed", [])}
         for item in failed.values():
             log.warning(
-                "batch entry failed",
+                Event.BATCH_ENTRY_FAILED,
                 extra={"call": self.name, "code": item.get("Code"), "error": item.get("Message")},
             )
         for i, (_, future) in enumerate(batch):
@@ -279,7 +283,7 @@ class SqsQueue:
         try:
             response = await asyncio.wait_for(call, timeout_s)
         except Exception as exc:  # a timeout too: then the call was cancelled
-            log.debug("extension call failed", extra={"error": repr(exc)})
+            log.debug(Event.EXTENSION_CALL_FAILED, extra={"error": repr(exc)})
             return results | {m: Extension.RETRY for m in held}
         finally:
             self._forget(call, held)
@@ -344,7 +348,7 @@ def _extension_results(held: list[Message], response: dict[str, Any]) -> dict[Me
         if failed.get("SenderFault"):
             results[held[int(failed["Id"])]] = Extension.REFUSED
         log.warning(
-            "visibility extension entry failed",
+            Event.VISIBILITY_EXTENSION_ENTRY_FAILED,
             extra={"code": failed.get("Code"), "error": failed.get("Message")},
         )
     return results

@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from sqsinfer.aws.s3 import SharedInput
 from sqsinfer.bench import probe
 from sqsinfer.lab import synthetic
+from sqsinfer.shm import SharedInput
 from sqsinfer.worker.pool import InferencePool, PoolConfig
 
 HANDOFF_ROWS, HANDOFF_FEATURES = 10_000, 50  # 2 MB of float32

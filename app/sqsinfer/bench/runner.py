@@ -29,6 +29,8 @@ from sqsinfer.bench import emulator, probe, profile
 from sqsinfer.bench.workload import Regime
 from sqsinfer.lab import feeder as feeding
 from sqsinfer.lab import stage, standin
+from sqsinfer.limits import SQS_BATCH_MAX
+from sqsinfer.logs import Event
 
 log = logging.getLogger("sqsinfer.bench")
 
@@ -124,7 +126,7 @@ class Context:
             auto = config.Settings.max_prefetch if name == "sqsinfer" else 0
             per_process = auto or config.AUTO_START_PREFETCH
         if name == "emulator-ceiling":
-            return max(feeding.SQS_BATCH, self.processes * per_process)
+            return max(SQS_BATCH_MAX, self.processes * per_process)
         return self.processes * per_process
 
 
@@ -315,7 +317,7 @@ def measure(ctx: Context, tracker: Tracker, profile_path: str = "") -> tuple[Sna
     if profile_path:
         spy = profile.start(tracker.launched.process.pid, profile_path, regime.max_window_s)
         if spy is None:
-            log.warning("--profile: py-spy is not installed (pip install py-spy)")
+            log.warning(Event.PY_SPY_MISSING)
     tracker.wait_for(first.done + regime.tasks, first.at + regime.max_window_s)
     last = tracker.snapshot(ctx.moto_pid)
     tracker.launched.tree.record_peaks()

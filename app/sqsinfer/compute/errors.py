@@ -8,9 +8,12 @@ from __future__ import annotations
 
 
 class InputError(Exception):
-    """A permanent problem with one task's input: the message is rejected with `reason`.
+    """A permanent problem with one task (its message, or its input): the message goes to
+    the dead-letter queue with `reason` (one of `outcomes.REJECTION_REASONS`) and `detail`.
 
-    Carries only strings so it pickles back from a child process unchanged.
+    Raised by the message's parsing, by the worker's S3 reads and checks, and by handlers
+    and decoders in a child process. Carries only strings so it pickles back from a child
+    process unchanged.
     """
 
     def __init__(self, reason: str, detail: str) -> None:

@@ -21,8 +21,8 @@ from typing import Any
 import orjson
 
 from sqsinfer.lab import stage
+from sqsinfer.limits import SQS_BATCH_MAX
 
-SQS_BATCH = 10
 MAX_VISIBLE = 100  # the counted backlog never lets more than this wait in the queue
 
 
@@ -45,7 +45,7 @@ class Feeder:
         """Send up to `room` more messages, ten to a call; return how many went."""
         before = self.sent
         while room > 0 and not self.done:
-            count = min(SQS_BATCH, room)
+            count = min(SQS_BATCH_MAX, room)
             if self.total is not None:
                 count = min(count, self.total - self.sent)
             entries = [
@@ -86,11 +86,11 @@ class Backlog:
     in_flight: int
 
     def __post_init__(self) -> None:
-        self.depth = max(SQS_BATCH, min(self.depth, MAX_VISIBLE - self.in_flight))
+        self.depth = max(SQS_BATCH_MAX, min(self.depth, MAX_VISIBLE - self.in_flight))
 
     def top_up(self, finished: int) -> int:
         free = self.depth + self.in_flight - (self.feeder.sent - finished)
-        return self.feeder.top_up(max(0, free - free % SQS_BATCH))
+        return self.feeder.top_up(max(0, free - free % SQS_BATCH_MAX))
 
 
 Pace = Callable[[Feeder], int]  # how many more messages may go now

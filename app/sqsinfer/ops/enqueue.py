@@ -30,8 +30,9 @@ from botocore.exceptions import BotoCoreError, ClientError
 from sqsinfer import backoff
 from sqsinfer.aws.s3 import Storage
 from sqsinfer.aws.session import error_code, http_status
-from sqsinfer.aws.sqs import SQS_BATCH_MAX
 from sqsinfer.compute import formats
+from sqsinfer.limits import SQS_BATCH_MAX, SQS_BATCH_MAX_BYTES
+from sqsinfer.logs import Event
 from sqsinfer.messages import S3Uri, parse_prefixes, parse_s3_uri
 from sqsinfer.ops import common
 from sqsinfer.ops.manifest import (
@@ -48,7 +49,6 @@ from sqsinfer.ops.manifest import (
 
 log = logging.getLogger("sqsinfer.enqueue")
 
-MAX_BATCH_BYTES = 262_144  # SendMessageBatch: the sum of the bodies
 _READ_CHUNK = 500  # manifest items parsed per hop to the reader thread
 _RETRY_MAX_S = 5.0
 _THROTTLING = frozenset({"ThrottlingException", "RequestThrottled", "Throttling"})
@@ -211,7 +211,7 @@ class Enqueuer:
                 self.progress.advance(1, item.size_bytes)
                 continue
             size = len(item.body.encode())
-            if batch and (len(batch) == SQS_BATCH_MAX or batch_bytes + size > MAX_BATCH_BYTES):
+            if batch and (len(batch) == SQS_BATCH_MAX or batch_bytes + size > SQS_BATCH_MAX_BYTES):
                 await batches.put(batch)
                 batch, batch_bytes = [], 0
             batch.append(item)
@@ -250,7 +250,7 @@ class Enqueuer:
         except (ClientError, BotoCoreError, OSError) as exc:
             # Sending is the safe answer: the worker's own HEAD skips a finished task.
             log.warning(
-                "cannot check the output, sending the task",
+                Event.OUTPUT_CHECK_FAILED,
                 extra={"uri": str(uri), "error": str(exc)},
             )
             return False

@@ -16,7 +16,9 @@ from typing import Any
 
 import orjson
 
-from sqsinfer.messages import MessageRejected, MessageRules, S3Uri, Task, parse_s3_uri, parse_task
+from sqsinfer.compute.errors import InputError
+from sqsinfer.limits import SQS_DEFAULT_MAX_MESSAGE_BYTES
+from sqsinfer.messages import MessageRules, S3Uri, Task, parse_s3_uri, parse_task
 
 MANIFEST_FORMATS = ("jsonl", "csv")
 _CSV_COLUMNS = ("task_id", "input", "output")
@@ -61,7 +63,7 @@ class Validator:
         output_prefix: S3Uri | None = None,
         allowed_outputs: tuple[S3Uri, ...] = (),
         output_suffix: str = ".npy",
-        max_message_bytes: int = 262_144,
+        max_message_bytes: int = SQS_DEFAULT_MAX_MESSAGE_BYTES,
     ) -> None:
         if not allowed_outputs and output_prefix is not None:
             allowed_outputs = (output_prefix,)  # the worker's default
@@ -72,7 +74,7 @@ class Validator:
         self.max_message_bytes = max_message_bytes
 
     def check(self, body: str | bytes) -> Task:
-        """The task, or MessageRejected with the worker's reason."""
+        """The task, or InputError with the worker's reason."""
         return parse_task(body, self._rules(body))
 
     def _rules(self, body: str | bytes) -> MessageRules:
@@ -110,7 +112,7 @@ def _bucket_roots(body: str | bytes) -> tuple[S3Uri, ...]:
 def _item(validator: Validator, where: str, body: str, size_bytes: int) -> Item:
     try:
         task = validator.check(body)
-    except MessageRejected as exc:
+    except InputError as exc:
         return BadLine(where, exc.reason, exc.detail, size_bytes)
     return Entry(where, body, task, size_bytes)
 

@@ -32,13 +32,13 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from sqsinfer.limits import SQS_BATCH_MAX
 from sqsinfer.ops import common
 
 SQS_PER_MILLION = 0.40
 S3_PUT_PER_1000 = 0.005
 S3_GET_PER_1000 = 0.0004
 BENCH_SCENARIO = "sqsinfer"
-_BATCH = 10
 
 EPILOG = f"""\
 seconds per task: process-seconds per task, as `sqsinfer bench` measures it: given,
@@ -151,7 +151,7 @@ def visibility_extensions(p: PlanInput) -> tuple[float, float]:
     extensions = (hold_s - max(0.0, first_s)) / every_s
     due_per_tick = p.processes * p.prefetch * (hold_s - max(0.0, first_s)) / hold_s
     calls_per_extension = (
-        math.ceil(due_per_tick / _BATCH) / due_per_tick if due_per_tick >= 1 else 1
+        math.ceil(due_per_tick / SQS_BATCH_MAX) / due_per_tick if due_per_tick >= 1 else 1
     )
     return extensions, extensions * calls_per_extension
 
@@ -159,7 +159,7 @@ def visibility_extensions(p: PlanInput) -> tuple[float, float]:
 def _requests(p: PlanInput, visibility_calls: float) -> tuple[Request, ...]:
     rows: list[tuple[str, str, float, str]] = []
     if p.enqueue:
-        rows.append(("sqs", "SendMessageBatch (enqueue)", 1 / _BATCH, "sqs"))
+        rows.append(("sqs", "SendMessageBatch (enqueue)", 1 / SQS_BATCH_MAX, "sqs"))
     rows += [
         ("sqs", "ReceiveMessage", 1 / p.messages_per_receive, "sqs"),
         ("sqs", "DeleteMessageBatch", 1 / p.messages_per_delete, "sqs"),
@@ -195,7 +195,10 @@ def validate(p: PlanInput) -> None:
         (p.deadline_s is None or p.deadline_s > 0, "the deadline must be above 0"),
         (0 < p.heartbeat_s < p.visibility_timeout_s, "heartbeat must be below the visibility"),
         (p.messages_per_receive >= 1 and p.messages_per_delete >= 1, "messages per call >= 1"),
-        (p.messages_per_receive <= _BATCH and p.messages_per_delete <= _BATCH, "at most 10"),
+        (
+            p.messages_per_receive <= SQS_BATCH_MAX and p.messages_per_delete <= SQS_BATCH_MAX,
+            "at most 10",
+        ),
     ]
     for ok, problem in checks:
         if not ok:

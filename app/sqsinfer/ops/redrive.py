@@ -32,11 +32,12 @@ from botocore.exceptions import BotoCoreError, ClientError
 from sqsinfer.aws.sqs import (
     REASON_ATTR,
     SOURCE_QUEUE_ATTR,
-    SQS_BATCH_MAX,
     Batcher,
     Message,
     SqsQueue,
 )
+from sqsinfer.limits import SQS_BATCH_MAX
+from sqsinfer.logs import Event
 from sqsinfer.ops import common
 
 log = logging.getLogger("sqsinfer.redrive")
@@ -198,7 +199,7 @@ class Redriver:
             elif not target or target == self.options.dlq_url:  # never back into itself
                 self.report.no_target += 1
                 log.warning(
-                    "no target for message",
+                    Event.NO_TARGET_FOR_MESSAGE,
                     extra={"message_id": message.message_id, "reason": reason},
                 )
             elif self.options.max_messages and planned >= self.options.max_messages:
@@ -227,7 +228,7 @@ class Redriver:
         for m, ok in zip(messages, sent_ok, strict=True):
             if ok is not True:
                 log.warning(
-                    "not sent", extra={"queue": target, "message_id": m.message_id, "error": ok}
+                    Event.NOT_SENT, extra={"queue": target, "message_id": m.message_id, "error": ok}
                 )
         deletes = await asyncio.gather(*(self.dlq.delete(m) for m in sent), return_exceptions=True)
         for message, deleted in zip(sent, deletes, strict=True):
@@ -253,7 +254,7 @@ class Redriver:
             lost_hold += (await self.dlq.change_visibility_many(chunk, 0)).count(False)
         if lost_hold:  # they come back by themselves when the hold lapses
             log.warning(
-                "messages not released, visible again when their hold lapses",
+                Event.MESSAGES_NOT_RELEASED,
                 extra={"messages": lost_hold, "hold_s": self.options.hold_s},
             )
         await self.dlq.drain()

@@ -45,6 +45,7 @@ from sqsinfer.aws.s3 import Storage
 from sqsinfer.aws.session import may_have_taken_effect
 from sqsinfer.aws.sqs import EntryFailed, Sender
 from sqsinfer.backoff import Backoff
+from sqsinfer.logs import Event
 from sqsinfer.messages import S3Uri, Task, next_stage_body
 from sqsinfer.metrics import DuplicateKind, Metrics
 
@@ -180,7 +181,7 @@ class Linker:
         doubt = marker.state == LinkState.SENDING
         if doubt:
             log.warning(
-                "chain link taken over",
+                Event.CHAIN_LINK_TAKEN_OVER,
                 extra=delivery.log_fields
                 | {"from_delivery": marker.delivery, "intent_age_s": round(marker.age_s, 3)},
             )
@@ -212,7 +213,7 @@ class Linker:
                 last = exc
                 maybe_sent = not isinstance(exc, EntryFailed) and may_have_taken_effect(exc)
                 log.warning(
-                    "next stage send failed",
+                    Event.NEXT_STAGE_SEND_FAILED,
                     extra=delivery.log_fields
                     | {"attempt": attempt + 1, "maybe_sent": maybe_sent, "error": str(exc)},
                 )
@@ -304,7 +305,7 @@ class Linker:
                 if attempt + 1 == WRITE_ATTEMPTS:
                     raise
                 log.warning(
-                    "chain marker write failed",
+                    Event.CHAIN_MARKER_WRITE_FAILED,
                     extra=delivery.log_fields
                     | {"state": state, "attempt": attempt + 1, "error": str(exc)},
                 )
@@ -313,4 +314,6 @@ class Linker:
 
     def _count(self, kind: DuplicateKind, delivery: Delivery, cause: str) -> None:
         self.metrics.chain_duplicates.labels(kind).inc()
-        log.warning("chain duplicate", extra=delivery.log_fields | {"kind": kind, "cause": cause})
+        log.warning(
+            Event.CHAIN_DUPLICATE, extra=delivery.log_fields | {"kind": kind, "cause": cause}
+        )

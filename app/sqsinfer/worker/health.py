@@ -13,6 +13,8 @@ from typing import Protocol
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from sqsinfer.logs import Event
+
 log = logging.getLogger("sqsinfer.health")
 
 
@@ -48,7 +50,7 @@ class HealthServer:
         sockets = getattr(site._server, "sockets", None)
         if self.port == 0 and sockets:  # report the port the OS picked
             self.port = int(sockets[0].getsockname()[1])
-        log.info("health server listening", extra={"host": self.host, "port": self.port})
+        log.info(Event.HEALTH_SERVER_LISTENING, extra={"host": self.host, "port": self.port})
 
     async def stop(self) -> None:
         if self._runner is not None:

@@ -31,8 +31,10 @@ from botocore.exceptions import BotoCoreError, ClientError
 from sqsinfer import __version__, config, shm
 from sqsinfer.aws.s3 import DataPath, Storage
 from sqsinfer.aws.session import Clients, open_clients
-from sqsinfer.aws.sqs import SQS_BATCH_MAX, BatchSender, Message, Sender, SqsQueue
+from sqsinfer.aws.sqs import BatchSender, Message, Sender, SqsQueue
 from sqsinfer.backoff import Backoff
+from sqsinfer.limits import SQS_BATCH_MAX
+from sqsinfer.logs import Event
 from sqsinfer.messages import MessageRules
 from sqsinfer.metrics import Metrics, Phase
 from sqsinfer.outcomes import Outcome
@@ -175,7 +177,7 @@ class Worker:
             try:
                 pipeline = await self.startup(clients)
             except StoppedWhileStarting:
-                log.info("stopped before ready")
+                log.info(Event.STOPPED_BEFORE_READY)
                 return
             stack.push_async_callback(self.pool.close)
             if not self.should_exit:
@@ -201,7 +203,7 @@ class Worker:
 
     def _on_signal(self, sig: signal.Signals) -> None:
         log.info(
-            "signal received",
+            Event.SIGNAL_RECEIVED,
             extra={"signal": signal.Signals(sig).name, "forced": self.should_exit},
         )
         self.stop()
@@ -209,7 +211,7 @@ class Worker:
     # -- startup --------------------------------------------------------------------
     async def startup(self, clients: Clients) -> Pipeline:
         s = self.settings
-        log.info("starting", extra={"settings": config.describe(s)})
+        log.info(Event.STARTING, extra={"settings": config.describe(s)})
         for client in (clients.s3, clients.sqs, clients.sqs_single_attempt):
             self.metrics.count_aws_calls(client)
         await asyncio.to_thread(shm.sweep)  # what workers killed before this one left
@@ -226,7 +228,7 @@ class Worker:
         self.metrics.running(__version__, found.model.sha256, s.handler)
         self._background.append(asyncio.create_task(self.pool.watch(), name="pool-watch"))
         log.info(
-            "pool ready",
+            Event.POOL_READY,
             extra={"processes": s.processes, "startup_s": round(self.pool.startup_s, 3)},
         )
         pipeline = Pipeline(
@@ -272,7 +274,7 @@ class Worker:
     async def main_loop(self, pipeline: Pipeline) -> None:
         self.ready = True
         log.info(
-            "ready",
+            Event.READY,
             extra={
                 "in_flight_limit": self.limit.value,
                 "auto": self.limit.auto,
@@ -314,7 +316,7 @@ class Worker:
             messages = receive.result()
         except (TimeoutError, ClientError, BotoCoreError, OSError) as exc:
             self.last_receive_ok = False
-            log.warning("receive failed", extra={"error": str(exc)})
+            log.warning(Event.RECEIVE_FAILED, extra={"error": str(exc)})
             return None
         self.last_receive_ok = True
         spent_s = time.perf_counter() - started
@@ -354,7 +356,7 @@ class Worker:
         if self.limit.observe_task(io_s, compute_s) is not None:
             self.metrics.in_flight_limit.set(self.limit.value)
             log.info(
-                "in-flight limit changed",
+                Event.IN_FLIGHT_LIMIT_CHANGED,
                 extra={
                     "from": before,
                     "to": self.limit.value,
@@ -389,7 +391,7 @@ class Worker:
         self.pool.stop_restarting()
         unstarted = [t for t, h in self.held.items() if not h.started]
         log.info(
-            "draining",
+            Event.DRAINING,
             extra={
                 "in_flight": len(self.held),
                 "releasing": len(unstarted),
@@ -405,7 +407,7 @@ class Worker:
         if pipeline.next_stage is not None:
             await pipeline.next_stage.drain()
         await pipeline.queue.drain()
-        log.info("stopped", extra={"outcomes": dict(self.metrics.outcomes)})
+        log.info(Event.STOPPED, extra={"outcomes": dict(self.metrics.outcomes)})
 
     async def _drain(self) -> None:
         deadline = time.monotonic() + self.settings.drain_deadline_s
@@ -414,7 +416,7 @@ class Worker:
         late = [t for t, h in self.held.items() if h.step not in FINISHING_STEPS or self.force_exit]
         if late:
             log.warning(
-                "drain deadline passed, releasing",
+                Event.DRAIN_DEADLINE_PASSED,
                 extra={"tasks": len(late), "forced": self.force_exit},
             )
         for task in late:

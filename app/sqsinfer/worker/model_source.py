@@ -23,6 +23,7 @@ import aiohttp
 from sqsinfer import config
 from sqsinfer.compute.errors import ModelLoadError
 from sqsinfer.compute.inference import file_sha256
+from sqsinfer.logs import Event
 from sqsinfer.messages import S3Uri, parse_s3_uri
 
 log = logging.getLogger("sqsinfer.model")
@@ -63,7 +64,7 @@ async def fetch(s3: Any, settings: config.Settings) -> ModelFile:
     uri = parse_s3_uri(settings.model_path, config.env_name("model_path"))
     target = cached_path(uri, settings.model_sha256, settings.model_dir)
     if await asyncio.to_thread(_reusable, target, settings.model_sha256, settings.model_dir):
-        log.info("model already fetched", extra={"model": str(uri), "path": target})
+        log.info(Event.MODEL_ALREADY_FETCHED, extra={"model": str(uri), "path": target})
         return ModelFile(target, settings.model_sha256, str(uri))
     for attempt in range(1, _BODY_ATTEMPTS + 1):
         try:
@@ -71,7 +72,7 @@ async def fetch(s3: Any, settings: config.Settings) -> ModelFile:
         except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, OSError) as exc:
             if attempt == _BODY_ATTEMPTS:
                 raise
-            log.warning("model download broke off, again", extra={"error": str(exc)})
+            log.warning(Event.MODEL_DOWNLOAD_BROKE_OFF, extra={"error": str(exc)})
     raise AssertionError("unreachable")  # pragma: no cover
 
 
@@ -116,7 +117,7 @@ async def _download(s3: Any, uri: S3Uri, target: str, s: config.Settings) -> Mod
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(partial)
-    log.info("model fetched", extra={"model": str(uri), "path": target, "bytes": size})
+    log.info(Event.MODEL_FETCHED, extra={"model": str(uri), "path": target, "bytes": size})
     return ModelFile(target, s.model_sha256, str(uri))
 
 

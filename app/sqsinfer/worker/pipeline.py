@@ -39,7 +39,8 @@ from sqsinfer.aws.sqs import Message, Sender, SqsQueue, dead_letter_copy
 from sqsinfer.compute import formats, inference
 from sqsinfer.compute.errors import InputError
 from sqsinfer.config import Settings
-from sqsinfer.messages import MessageRejected, MessageRules, S3Uri, Task, parse_task
+from sqsinfer.logs import Event
+from sqsinfer.messages import MessageRules, S3Uri, Task, parse_task
 from sqsinfer.metrics import Metrics, Phase
 from sqsinfer.outcomes import Outcome
 from sqsinfer.worker.chain import Delivery, Linker, LinkNotSent
@@ -207,12 +208,12 @@ class Pipeline:
             try:
                 held.task = parse_task(held.message.body, self.rules)
                 return await self._run(held, held.task)
-            except (MessageRejected, InputError) as exc:
+            except InputError as exc:
                 return await self._reject(held, exc.reason, exc.detail)
         except Exception as exc:  # transient by default: bounded by the redrive policy
             code = exc.code if isinstance(exc, LinkNotSent) else error_code(exc)
             held.reason = code or type(exc).__name__
-            log.warning("task failed, will retry", extra=self._ids(held) | {"error": str(exc)})
+            log.warning(Event.TASK_FAILED, extra=self._ids(held) | {"error": str(exc)})
             return await self._retry(held, f"{held.reason}: {exc}")
 
     async def _run(self, held: Held, task: Task) -> Outcome:
@@ -274,7 +275,7 @@ class Pipeline:
         owner = existing.metadata.get("task-id")
         if owner != task.task_id:
             whose = f"task {owner!r}" if owner else "no task (no task-id metadata)"
-            raise MessageRejected(
+            raise InputError(
                 OUTPUT_CONFLICT, f"{task.output} already exists and belongs to {whose}"
             )
 
@@ -349,10 +350,10 @@ class Pipeline:
         try:
             deleted = await asyncio.shield(self.queue.delete(held.message))
         except Exception as exc:  # the outcome stands: the write (or the copy) decided it
-            log.warning("delete failed", extra=self._ids(held) | {"error": str(exc)})
+            log.warning(Event.DELETE_FAILED, extra=self._ids(held) | {"error": str(exc)})
             deleted = False
         if not deleted:  # it will come back, find its output and end as a duplicate
-            log.warning("delete not confirmed", extra=self._ids(held))
+            log.warning(Event.DELETE_NOT_CONFIRMED, extra=self._ids(held))
         return outcome
 
     async def _reject(self, held: Held, reason: str, detail: str) -> Outcome:
@@ -371,7 +372,8 @@ class Pipeline:
     def _rejected(self, held: Held, detail: str) -> None:
         self.metrics.rejections.labels(held.reason).inc()
         log.info(
-            "message rejected", extra=self._ids(held) | {"reason": held.reason, "detail": detail}
+            Event.MESSAGE_REJECTED,
+            extra=self._ids(held) | {"reason": held.reason, "detail": detail},
         )
 
     def retry_delay_s(self, receive_count: int) -> int:
@@ -392,15 +394,13 @@ class Pipeline:
                 return await self._reject(held, RETRIES_EXHAUSTED, error)
             except Exception as exc:  # then the redrive policy moves it after all
                 held.reason = reason
-                log.warning(
-                    "could not copy to the DLQ", extra=self._ids(held) | {"error": str(exc)}
-                )
+                log.warning(Event.DLQ_COPY_FAILED, extra=self._ids(held) | {"error": str(exc)})
         held.outcome = Outcome.RETRIED
         delay = self.retry_delay_s(held.message.receive_count)
         try:
             await asyncio.shield(self.queue.set_visibility(held.message, delay))
         except Exception as exc:  # then it comes back when its current visibility lapses
-            log.warning("could not set retry delay", extra=self._ids(held) | {"error": str(exc)})
+            log.warning(Event.RETRY_DELAY_NOT_SET, extra=self._ids(held) | {"error": str(exc)})
         return Outcome.RETRIED
 
     async def _settle_cancelled(self, held: Held) -> Outcome:
@@ -419,7 +419,7 @@ class Pipeline:
         try:
             await self.queue.set_visibility(held.message, 0)
         except Exception as exc:  # it becomes visible again when its timeout lapses
-            log.warning("could not hand back message", extra=self._ids(held) | {"error": str(exc)})
+            log.warning(Event.HAND_BACK_FAILED, extra=self._ids(held) | {"error": str(exc)})
         return Outcome.RELEASED
 
     @staticmethod
@@ -455,4 +455,4 @@ class Pipeline:
         if held.reason:
             fields["reason"] = held.reason
         fields["phases"] = held.timings
-        log.info("task finished", extra=fields)
+        log.info(Event.TASK_FINISHED, extra=fields)

@@ -38,6 +38,7 @@ from sqsinfer import procfs
 from sqsinfer.backoff import Backoff
 from sqsinfer.compute import inference
 from sqsinfer.compute.errors import ModelLoadError
+from sqsinfer.logs import Event
 from sqsinfer.metrics import Metrics
 
 log = logging.getLogger("sqsinfer.pool")
@@ -119,7 +120,7 @@ class InferencePool:
                 executor, info = await self._spawn_once()
             except BrokenProcessPool:
                 log.warning(
-                    "pool process died while loading",
+                    Event.POOL_PROCESS_DIED_WHILE_LOADING,
                     extra={"slot": slot.index, "attempt": attempt},
                 )
                 continue
@@ -131,7 +132,7 @@ class InferencePool:
                 f"{self.config.model_path} (out of memory?)"
             )
         log.debug(
-            "pool process ready",
+            Event.POOL_PROCESS_READY,
             extra={"slot": slot.index, "pid": slot.pid, "warmup_s": round(info["warmup_s"], 4)},
         )
 
@@ -268,7 +269,7 @@ class InferencePool:
         self._update_ready()
         if self._closing:
             return
-        log.warning("pool process lost", extra={"slot": slot.index, "why": why})
+        log.warning(Event.POOL_PROCESS_LOST, extra={"slot": slot.index, "why": why})
         slot.restart_task = asyncio.get_running_loop().create_task(self._restart(slot))
 
     async def _restart(self, slot: Slot) -> None:
@@ -281,7 +282,7 @@ class InferencePool:
                 delay = _RESTART_BACKOFF.delay_s(slot.failures)
                 slot.failures += 1
                 log.error(
-                    "pool process restart failed",
+                    Event.POOL_PROCESS_RESTART_FAILED,
                     extra={"slot": slot.index, "error": str(exc), "retry_in_s": delay},
                 )
                 await asyncio.sleep(delay)
@@ -292,7 +293,7 @@ class InferencePool:
             self._free.put_nowait((slot, slot.generation))
             restore_s = round(time.perf_counter() - started, 3)
             log.info(
-                "pool process restarted",
+                Event.POOL_PROCESS_RESTARTED,
                 extra={"slot": slot.index, "pid": slot.pid, "restore_s": restore_s},
             )
             return

@@ -22,7 +22,8 @@ from sqsinfer import config
 from sqsinfer.aws.session import Clients, error_code, http_status
 from sqsinfer.aws.sqs import SqsQueue
 from sqsinfer.backoff import Backoff
-from sqsinfer.messages import SQS_DEFAULT_MAX_MESSAGE_BYTES
+from sqsinfer.limits import SQS_DEFAULT_MAX_MESSAGE_BYTES
+from sqsinfer.logs import Event
 from sqsinfer.worker import model_source
 from sqsinfer.worker.model_source import ModelFile
 
@@ -144,7 +145,7 @@ class Preflight:
             if error_code(exc) not in _DENIED_CODES and http_status(exc) != 403:
                 raise
             log.info(
-                "cannot read the queue's MaximumMessageSize; assuming SQS's default",
+                Event.DLQ_SIZE_ASSUMED,
                 extra={"queue": url, "assumed_bytes": SQS_DEFAULT_MAX_MESSAGE_BYTES},
             )
             return SQS_DEFAULT_MAX_MESSAGE_BYTES
@@ -176,7 +177,7 @@ class Preflight:
             # A policy may grant object access without s3:ListBucket: 403 is not "missing".
             if http_status(exc) != 403:
                 raise
-            log.warning("cannot list bucket (403), continuing", extra={"bucket": bucket})
+            log.warning(Event.BUCKET_NOT_LISTABLE, extra={"bucket": bucket})
 
     async def _ask(self, setting: str, what: str, call: Callable[[], Awaitable[T]]) -> T:
         """Call until it answers; fail at once on a problem that will not pass."""
@@ -198,7 +199,7 @@ class Preflight:
                 wait_s = _BACKOFF.delay_s(attempt)
                 attempt += 1
                 log.warning(
-                    "dependency not answering, retrying",
+                    Event.DEPENDENCY_NOT_ANSWERING,
                     extra={"what": what, "error": str(exc), "retry_in_s": wait_s},
                 )
                 await self._pause(wait_s)

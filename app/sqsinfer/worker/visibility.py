@@ -26,8 +26,10 @@ import logging
 import time
 from collections.abc import Callable
 
-from sqsinfer.aws.sqs import SQS_BATCH_MAX, Extension, Message, SqsQueue
+from sqsinfer.aws.sqs import Extension, Message, SqsQueue
 from sqsinfer.backoff import Backoff
+from sqsinfer.limits import SQS_BATCH_MAX
+from sqsinfer.logs import Event
 from sqsinfer.metrics import Metrics
 
 log = logging.getLogger("sqsinfer.visibility")
@@ -82,7 +84,7 @@ class VisibilityKeeper:
         self._ticks.discard(tick)
         if not tick.cancelled() and tick.exception() is not None:
             # The next tick tries again; a lapse only means a redelivery.
-            log.error("visibility tick failed", exc_info=tick.exception())
+            log.error(Event.VISIBILITY_TICK_FAILED, exc_info=tick.exception())
 
     async def tick(self) -> None:
         now = time.monotonic()
@@ -90,7 +92,7 @@ class VisibilityKeeper:
             self.discard(message)
         for message in [m for m in self._deadlines if now - m.received_at >= self.max_task_time_s]:
             self.discard(message)
-            log.warning("task over max time, abandoned", extra={"message_id": message.message_id})
+            log.warning(Event.TASK_OVER_MAX_TIME, extra={"message_id": message.message_id})
             self.on_expired(message)
         due = sorted(
             (
@@ -121,7 +123,7 @@ class VisibilityKeeper:
                 await asyncio.sleep(min(_RETRY_BACKOFF.delay_s(attempt), left_s / 4))
                 attempt += 1
             for message in self._held(pending):
-                log.warning("visibility not extended", extra={"message_id": message.message_id})
+                log.warning(Event.VISIBILITY_NOT_EXTENDED, extra={"message_id": message.message_id})
         finally:
             self._extending.difference_update(batch)
 
@@ -147,7 +149,7 @@ class VisibilityKeeper:
                 retry.append(message)
             elif result == Extension.REFUSED:
                 log.warning(
-                    "visibility extension refused", extra={"message_id": message.message_id}
+                    Event.VISIBILITY_EXTENSION_REFUSED, extra={"message_id": message.message_id}
                 )
         self.metrics.visibility_extensions.inc(extended)
         return retry

@@ -1,0 +1,29 @@
+"""The limits of SQS and S3 that the worker and its tools are held to, each spelled once.
+
+From the services' documentation (the SQS Developer Guide's quotas, the S3 User Guide's
+object key and metadata pages); where a queue may set its own (MaximumMessageSize), the
+value here is the default a new queue has.
+"""
+
+from __future__ import annotations
+
+# -- SQS ------------------------------------------------------------------------------------
+# Entries in one ReceiveMessage answer, DeleteMessageBatch, ChangeMessageVisibilityBatch or
+# SendMessageBatch call.
+SQS_BATCH_MAX = 10
+# Bytes of all the entries of one SendMessageBatch call, bodies and attributes counted.
+SQS_BATCH_MAX_BYTES = 262_144
+# A queue's MaximumMessageSize when it cannot be read (SQS's default for a new queue).
+SQS_DEFAULT_MAX_MESSAGE_BYTES = 262_144
+# Message attributes on one message.
+SQS_MAX_ATTRIBUTES = 10
+# The longest visibility a message can be given (12 hours) ...
+SQS_MAX_VISIBILITY_S = 43_200
+# ... and the longest long poll of one ReceiveMessage call.
+SQS_MAX_WAIT_S = 20
+
+# -- S3 -------------------------------------------------------------------------------------
+# An object key, in bytes of UTF-8.
+S3_MAX_KEY_BYTES = 1024
+# User-defined metadata of one object: the keys and values of its x-amz-meta-* headers.
+S3_MAX_METADATA_BYTES = 2048
