@@ -1,8 +1,9 @@
 """Rules every log line and rejection reason of the package keeps, checked on its source.
 
 Log messages are members of one enum (`logs.Event`) and the facts travel as fields, so a
-query on `msg` finds every line of its kind and every message has one home; rejection reasons come from one registry, so dashboards,
-alerts and redrive filters can name them all.
+query on `msg` finds every line of its kind and every message has one home; rejection
+reasons come from one registry, so dashboards, alerts and redrive filters can name them
+all.
 """
 
 from __future__ import annotations
