@@ -164,6 +164,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if getattr(args, "borrowed", ()):
+        try:
+            config.read_borrowed(args)
+        except config.ConfigError as exc:
+            print(f"sqsinfer {args.command}: invalid setting: {exc}", file=sys.stderr)
+            return EXIT_USAGE
     code: int = args.func(args)
     return code
 

@@ -15,7 +15,7 @@ import os
 import re
 import socket
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -45,16 +45,24 @@ def env_name(name: str) -> str:
 
 
 AUTO = "auto"
-AUTO_START_PREFETCH = 2  # auto's limit per process until the first tasks are measured
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off", ""})
 
 
 def parse_prefetch(text: str) -> int | str:
-    """`auto`, or a number of messages per process."""
+    """`auto`, or a number of messages per process (at least 1)."""
     if text.lower() == AUTO:
         return AUTO
-    return int(text)
+    value = int(text)
+    if value < 1:
+        raise ValueError("must be auto or at least 1")
+    return value
+
+
+def _output_format(text: str) -> str:
+    if text not in formats.OUTPUT_NAMES:
+        raise ValueError("must be one of " + ", ".join(formats.OUTPUT_NAMES))
+    return text
 
 
 def _flag(text: str) -> bool:
@@ -104,7 +112,9 @@ class Settings:
     allowed_output_prefixes: tuple[S3Uri, ...] = _opt(
         (), "comma-separated s3:// prefixes outputs may be written under; default: output prefix"
     )
-    output_format: str = _opt("npy", "format of derived output keys: npy, json or parquet")
+    output_format: str = _opt(
+        "npy", "format of derived output keys: npy, json or parquet", _output_format
+    )
     processes: int = _opt(0, "inference processes; 0 = the CPUs this container may use", int)
     threads_per_process: int = _opt(1, "threads each process gives the model", int)
     prefetch: int | str = _opt(
@@ -167,25 +177,6 @@ class Settings:
     @property
     def output_suffix(self) -> str:
         return "." + self.output_format
-
-    @property
-    def auto_prefetch(self) -> bool:
-        return self.prefetch == AUTO
-
-    @property
-    def in_flight_limit(self) -> int:
-        """Messages held at start: pinned, or auto's starting point (at most its maximum)."""
-        if isinstance(self.prefetch, int):
-            return self.processes * self.prefetch
-        return self.processes * min(AUTO_START_PREFETCH, self.max_prefetch)
-
-    @property
-    def max_in_flight_limit(self) -> int:
-        """The most the in-flight limit can become (what /dev/shm and connections are sized
-        for): the pinned prefetch, or max_prefetch when auto."""
-        if isinstance(self.prefetch, int):
-            return self.processes * self.prefetch
-        return self.processes * self.max_prefetch
 
     @property
     def shutdown_budget_s(self) -> float:
@@ -407,16 +398,54 @@ def _cgroup_cpu_quota() -> float | None:
         return None
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """One flag per setting; unset flags fall back to the environment, then the default."""
-    for f in fields(Settings):
+def _fields(only: Iterable[str] | None) -> list[dataclasses.Field[Any]]:
+    every = {f.name: f for f in fields(Settings)}
+    if only is None:
+        return list(every.values())
+    unknown = [name for name in only if name not in every]
+    if unknown:
+        raise ValueError(f"no such setting: {', '.join(unknown)}")
+    return [every[name] for name in only]
+
+
+def add_arguments(
+    parser: argparse.ArgumentParser,
+    only: Iterable[str] | None = None,
+    notes: Mapping[str, str] | None = None,
+) -> None:
+    """One flag per setting (or per setting named in `only`, for a tool that borrows some
+    of the worker's): an unset flag falls back to the environment, then the default.
+    `notes` adds a tool's own word to a setting's help (what the tool does with it)."""
+    for f in _fields(only):
+        note = (notes or {}).get(f.name, "")
         parser.add_argument(
             "--" + f.name.replace("_", "-"),
             dest=f.name,
             default=None,
             metavar=f.name.upper(),
-            help=f"{f.metadata['help']} [{env_name(f.name)}]",
+            help=f"{f.metadata['help']}{'; ' + note if note else ''} [{env_name(f.name)}]",
         )
+
+
+def borrowed(
+    args: argparse.Namespace, only: Iterable[str], environ: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """The settings a tool borrowed with `add_arguments(parser, only)`, as the worker would
+    read them: each from its flag, else its `SQSINFER_*` variable, else its default, and
+    parsed by the setting's own parser (a bad value raises a ConfigError naming it).
+
+    Only the borrowed settings are read, and only each one's own form is checked: the
+    rules that tie a worker's settings together (a model is required, ...) are the
+    worker's, not the tool's.
+    """
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    for f in _fields(only):
+        raw = getattr(args, f.name, None)
+        if raw is None:
+            raw = environ.get(env_name(f.name))
+        values[f.name] = f.default if raw is None else _convert(f, raw)
+    return values
 
 
 def settings_from_args(
@@ -424,6 +453,13 @@ def settings_from_args(
 ) -> Settings:
     overrides = {f.name: getattr(args, f.name, None) for f in fields(Settings)}
     return Settings.load(environ, overrides, **kw)
+
+
+def read_borrowed(args: argparse.Namespace) -> None:
+    """For a command whose parser borrowed settings (`args.borrowed`, their names): replace
+    each one's flag text with the setting's value, as `borrowed` reads it."""
+    for name, value in borrowed(args, getattr(args, "borrowed", ())).items():
+        setattr(args, name, value)
 
 
 def describe(s: Settings) -> dict[str, Any]:

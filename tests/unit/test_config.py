@@ -10,6 +10,7 @@ import pytest
 
 from sqsinfer import config
 from sqsinfer.config import ConfigError, Settings
+from sqsinfer.worker import inflight
 
 
 @pytest.fixture
@@ -28,20 +29,28 @@ def test_environment_is_read_and_flags_win(env):
     assert [str(p) for p in s.allowed_input_prefixes] == ["s3://in-bucket/a/", "s3://in-bucket/b/"]
     assert [str(p) for p in s.allowed_output_prefixes] == ["s3://out-bucket/scores/"]
     assert s.processes == config.available_cpus() >= 1
-    assert s.in_flight_limit == s.processes * 5
+    assert inflight.starting(s.processes, s.prefetch, s.max_prefetch) == s.processes * 5
 
 
 def test_prefetch_is_auto_unless_a_number_pins_it(env):
     auto = Settings.load(env | {"SQSINFER_PROCESSES": "2"})
-    assert (auto.prefetch, auto.auto_prefetch, auto.always_head_output) == ("auto", True, False)
-    assert (auto.in_flight_limit, auto.max_in_flight_limit) == (4, 16)
+    assert (auto.prefetch, auto.always_head_output) == ("auto", False)
+    assert _limits(auto) == (4, 16)
     pinned = Settings.load(
         env | {"SQSINFER_PROCESSES": "2", "SQSINFER_PREFETCH": "3"},
         {"always_head_output": "true"},
     )
-    assert (pinned.prefetch, pinned.auto_prefetch, pinned.always_head_output) == (3, False, True)
-    assert (pinned.in_flight_limit, pinned.max_in_flight_limit) == (6, 6)
-    assert Settings.load(env | {"SQSINFER_PREFETCH": "AUTO"}).auto_prefetch
+    assert (pinned.prefetch, pinned.always_head_output) == (3, True)
+    assert _limits(pinned) == (6, 6)
+    assert Settings.load(env | {"SQSINFER_PREFETCH": "AUTO"}).prefetch == config.AUTO
+
+
+def _limits(s: Settings) -> tuple[int, int]:
+    """The in-flight limit a worker with these settings starts at, and the most it reaches."""
+    return (
+        inflight.starting(s.processes, s.prefetch, s.max_prefetch),
+        inflight.most(s.processes, s.prefetch, s.max_prefetch),
+    )
 
 
 def test_every_setting_has_an_environment_name_and_a_flag():

@@ -31,6 +31,7 @@ from sqsinfer.lab import feeder as feeding
 from sqsinfer.lab import stage, standin
 from sqsinfer.limits import SQS_BATCH_MAX
 from sqsinfer.logs import Event
+from sqsinfer.worker import inflight
 
 log = logging.getLogger("sqsinfer.bench")
 
@@ -119,15 +120,16 @@ class Context:
         """Messages the scenario may hold at once (the feeder keeps the depth beyond them)."""
         if name == "naive":
             return self.processes
-        per_process = self.prefetch
-        if not isinstance(per_process, int):
-            # auto: the worker may reach its max_prefetch; the other consumers keep the
-            # fixed prefetch they were measured with before auto existed.
-            auto = config.Settings.max_prefetch if name == "sqsinfer" else 0
-            per_process = auto or config.AUTO_START_PREFETCH
+        # auto: the worker may reach its max_prefetch; the other consumers keep the fixed
+        # prefetch they were measured with before auto existed (auto's starting point).
+        max_prefetch = config.Settings.max_prefetch
+        if name == "sqsinfer":
+            held = inflight.most(self.processes, self.prefetch, max_prefetch)
+        else:
+            held = inflight.starting(self.processes, self.prefetch, max_prefetch)
         if name == "emulator-ceiling":
-            return max(SQS_BATCH_MAX, self.processes * per_process)
-        return self.processes * per_process
+            return max(SQS_BATCH_MAX, held)
+        return held
 
 
 @dataclass

@@ -1,7 +1,9 @@
-"""What the operator commands share: AWS flags, environment defaults, numbers for people.
+"""What the operator commands share: the worker settings they borrow, numbers for people.
 
-Every flag that mirrors a worker setting falls back to the same `SQSINFER_*` variable
-(`config.env_name`), so a shell set up for a stage needs no repeated flags.
+A command takes a worker setting through `borrow`: the setting's own flag, `SQSINFER_*`
+variable, parser and default (`config.add_arguments(only=...)`), so a shell set up for a
+stage needs no repeated flags and a value means to the command what it means to the
+worker. The CLI reads them once parsed (`config.read_borrowed`).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import functools
 import math
 import os
 import sys
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from sqsinfer import config, logs
@@ -24,22 +26,20 @@ EXIT_INTERRUPTED = 130
 _SUFFIXES = {"k": 10**3, "m": 10**6, "g": 10**9}
 
 
-def env_default(name: str, default: str = "") -> str:
-    """The worker's environment variable for setting `name`, else `default`."""
-    return os.environ.get(config.env_name(name), default)
+# Where the AWS calls go: every command that makes them borrows these.
+AWS_SETTINGS = ("endpoint_url", "region")
 
 
-def add_aws_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--endpoint-url",
-        default=env_default("endpoint_url"),
-        help="AWS endpoint, e.g. a moto server [SQSINFER_ENDPOINT_URL]",
-    )
-    parser.add_argument(
-        "--region",
-        default=env_default("region", "us-east-1"),
-        help="AWS region (us-east-1) [SQSINFER_REGION]",
-    )
+def borrow(
+    parser: argparse.ArgumentParser,
+    names: Sequence[str],
+    notes: dict[str, str] | None = None,
+) -> None:
+    """Give the command the worker settings `names` (with the AWS ones): their flags, and
+    their values read as the worker reads them once the command line is parsed."""
+    wanted = tuple(names) + tuple(n for n in AWS_SETTINGS if n not in names)
+    config.add_arguments(parser, only=wanted, notes=notes)
+    parser.set_defaults(borrowed=wanted)
 
 
 def add_log_level(parser: argparse.ArgumentParser) -> None:

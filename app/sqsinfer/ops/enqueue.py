@@ -30,10 +30,9 @@ from botocore.exceptions import BotoCoreError, ClientError
 from sqsinfer import backoff
 from sqsinfer.aws.s3 import Storage
 from sqsinfer.aws.session import error_code, http_status
-from sqsinfer.compute import formats
 from sqsinfer.limits import SQS_BATCH_MAX, SQS_BATCH_MAX_BYTES
 from sqsinfer.logs import Event
-from sqsinfer.messages import S3Uri, parse_prefixes, parse_s3_uri
+from sqsinfer.messages import S3Uri
 from sqsinfer.ops import common
 from sqsinfer.ops.manifest import (
     MANIFEST_FORMATS,
@@ -389,6 +388,20 @@ class RichProgress:
 
 
 # -- the command ----------------------------------------------------------------------
+BORROWED = (
+    "queue_url",
+    "allowed_input_prefixes",
+    "output_prefix",
+    "allowed_output_prefixes",
+    "output_format",
+    "max_message_bytes",
+)
+_NOTES = {
+    "allowed_input_prefixes": "unset here: any bucket",
+    "output_prefix": "needed by --skip-done",
+}
+
+
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "enqueue",
@@ -406,67 +419,25 @@ def add_parser(sub: Any) -> None:
         "task id: the key below the last folder before the glob, without its suffix",
     )
     p.add_argument(
-        "--queue-url",
-        default=common.env_default("queue_url"),
-        help="the stage's queue [SQSINFER_QUEUE_URL]",
-    )
-    p.add_argument(
         "--skip-done", action="store_true", help="skip tasks whose output exists (a HEAD each)"
     )
-    _add_rule_arguments(p)
+    # The stage's own rules, so that a line passes exactly when its worker would accept it.
+    common.borrow(p, BORROWED, notes=_NOTES)
     p.add_argument("--concurrency", type=common.positive_int, default=8, help="batch calls (8)")
     p.add_argument("--retries", type=int, default=5, help="attempts after the first (5)")
     p.add_argument("--dry-run", action="store_true", help="validate and count; send nothing")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="the summary as JSON on stdout")
-    common.add_aws_arguments(p)
     common.add_log_level(p)
     p.set_defaults(func=cmd_enqueue)
 
 
-def _add_rule_arguments(p: argparse.ArgumentParser) -> None:
-    env = common.env_default
-    p.add_argument(
-        "--allowed-input-prefixes",
-        default=env("allowed_input_prefixes"),
-        help="the stage's allow-list; default: any bucket [SQSINFER_ALLOWED_INPUT_PREFIXES]",
-    )
-    p.add_argument(
-        "--output-prefix",
-        default=env("output_prefix"),
-        help="where outputs without an output field go; needed by --skip-done "
-        "[SQSINFER_OUTPUT_PREFIX]",
-    )
-    p.add_argument(
-        "--allowed-output-prefixes",
-        default=env("allowed_output_prefixes"),
-        help="default: the output prefix [SQSINFER_ALLOWED_OUTPUT_PREFIXES]",
-    )
-    p.add_argument(
-        "--output-format",
-        choices=formats.OUTPUT_NAMES,
-        default=env("output_format", "npy"),
-        help="suffix of derived output keys (npy) [SQSINFER_OUTPUT_FORMAT]",
-    )
-    p.add_argument(
-        "--max-message-bytes",
-        type=int,
-        default=env("max_message_bytes", "262144"),  # converted by argparse
-        help="largest body the worker accepts (262144) [SQSINFER_MAX_MESSAGE_BYTES]",
-    )
-
-
 def validator_from_args(args: argparse.Namespace) -> Validator:
-    """The worker's message rules from the flags; ValueError names the bad one."""
-    output = (
-        parse_s3_uri(args.output_prefix, "--output-prefix", prefix=True)
-        if args.output_prefix
-        else None
-    )
+    """The worker's message rules from the borrowed settings (already parsed)."""
     return Validator(
-        allowed_inputs=parse_prefixes(args.allowed_input_prefixes, "--allowed-input-prefixes"),
-        output_prefix=output,
-        allowed_outputs=parse_prefixes(args.allowed_output_prefixes, "--allowed-output-prefixes"),
+        allowed_inputs=args.allowed_input_prefixes,
+        output_prefix=args.output_prefix,
+        allowed_outputs=args.allowed_output_prefixes,
         output_suffix="." + args.output_format,
         max_message_bytes=args.max_message_bytes,
     )

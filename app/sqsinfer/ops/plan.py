@@ -34,6 +34,7 @@ from typing import Any
 
 from sqsinfer.limits import SQS_BATCH_MAX
 from sqsinfer.ops import common
+from sqsinfer.worker import inflight
 
 SQS_PER_MILLION = 0.40
 S3_PUT_PER_1000 = 0.005
@@ -323,8 +324,14 @@ def render(plan: Plan) -> None:
 
 
 # -- the command ----------------------------------------------------------------------
+BORROWED = ("processes", "prefetch", "max_prefetch", "visibility_timeout_s", "heartbeat_s")
+_NOTES = {
+    "processes": "per pod, required here",
+    "prefetch": "auto plans with where auto starts",
+}
+
+
 def add_parser(sub: Any) -> None:
-    env = common.env_default
     p = sub.add_parser(
         "plan",
         help="pods, wall time, requests and their cost for a batch and a deadline",
@@ -337,32 +344,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--seconds-per-task", type=common.positive_float, help="process-seconds")
     p.add_argument("--from-bench", metavar="FILE", help="read seconds per task from a bench JSON")
     p.add_argument("--bench-scenario", default=BENCH_SCENARIO, help=f"({BENCH_SCENARIO})")
-    p.add_argument(
-        "--processes",
-        type=common.positive_int,
-        default=env("processes") or None,  # a string: argparse converts it when used
-        help="inference processes per pod [SQSINFER_PROCESSES]",
-    )
-    p.add_argument(
-        "--prefetch",
-        type=common.positive_int,
-        default=env("prefetch", "2"),
-        help="in-flight messages per process (2) [SQSINFER_PREFETCH]",
-    )
+    common.borrow(p, BORROWED, notes=_NOTES)
     p.add_argument("--pods-max", type=common.positive_int, help="the largest fleet allowed")
     p.add_argument("--deadline-h", type=common.positive_float, help="hours to finish in")
-    p.add_argument(
-        "--visibility-timeout-s",
-        type=common.positive_float,
-        default=env("visibility_timeout_s", "60"),
-        help="(60) [SQSINFER_VISIBILITY_TIMEOUT_S]",
-    )
-    p.add_argument(
-        "--heartbeat-s",
-        type=common.positive_float,
-        default=env("heartbeat_s", "20"),
-        help="(20) [SQSINFER_HEARTBEAT_S]",
-    )
     p.add_argument("--next-stage", action="store_true", help="the stage hands on its outputs")
     p.add_argument(
         "--no-enqueue",
@@ -382,14 +366,14 @@ def add_parser(sub: Any) -> None:
 def plan_input(args: argparse.Namespace) -> PlanInput:
     if (args.seconds_per_task is None) == (args.from_bench is None):
         raise PlanError("give --seconds-per-task or --from-bench (one of them)")
-    if args.processes is None:
-        raise PlanError("give --processes (or set SQSINFER_PROCESSES)")
+    if args.processes < 1:
+        raise PlanError("give --processes (or set SQSINFER_PROCESSES) of at least 1")
     seconds = args.seconds_per_task or seconds_from_bench(args.from_bench, args.bench_scenario)
     return PlanInput(
         tasks=args.tasks,
         seconds_per_task=seconds,
         processes=args.processes,
-        prefetch=args.prefetch,
+        prefetch=inflight.starting(1, args.prefetch, args.max_prefetch),
         pods_max=args.pods_max,
         deadline_s=None if args.deadline_h is None else args.deadline_h * 3600,
         visibility_timeout_s=args.visibility_timeout_s,

@@ -319,16 +319,14 @@ def add_parser(sub: Any) -> None:
         epilog=EPILOG,
         formatter_class=common.formatter(),
     )
-    p.add_argument(
-        "--queue-url",
-        default=common.env_default("queue_url"),
-        help="the source queue: its redrive policy names the DLQ, and it is the default "
-        "target [SQSINFER_QUEUE_URL]",
-    )
-    p.add_argument(
-        "--dlq-url",
-        default=common.env_default("dlq_url"),
-        help="the DLQ to drain (default: from --queue-url's redrive policy) [SQSINFER_DLQ_URL]",
+    common.borrow(
+        p,
+        ("queue_url", "dlq_url"),
+        notes={
+            "queue_url": "here the source: its redrive policy names the DLQ, and it is the "
+            "default target",
+            "dlq_url": "here the DLQ to drain",
+        },
     )
     p.add_argument("--to", default="", help="send every message here instead")
     p.add_argument(
@@ -347,7 +345,6 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--wait-time-s", type=int, default=2, help="long-poll wait per receive (2)")
     p.add_argument("--json", action="store_true", help="the report as JSON on stdout")
-    common.add_aws_arguments(p)
     common.add_log_level(p)
     p.set_defaults(func=cmd_redrive)
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
+from sqsinfer import config
 from sqsinfer.aws.sqs import SqsQueue
 from sqsinfer.ops import common
 
@@ -240,7 +241,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--count", type=int, default=0, help="with --watch, stop after N refreshes")
     p.add_argument("--no-dlq", action="store_true", help="leave out the dead-letter queues")
     p.add_argument("--json", action="store_true", help="JSON on stdout (a line per refresh)")
-    common.add_aws_arguments(p)
+    common.borrow(p, ())
     common.add_log_level(p)
     p.set_defaults(func=cmd_status)
 
@@ -248,8 +249,9 @@ def add_parser(sub: Any) -> None:
 def _urls(args: argparse.Namespace) -> list[str]:
     if args.queue_url:
         return list(args.queue_url)
-    env = [common.env_default("queue_url"), common.env_default("next_queue_url")]
-    return [url for url in env if url]
+    # Not flags of this command (its --queue-url repeats): the stage's environment only.
+    stage = config.borrowed(argparse.Namespace(), ("queue_url", "next_queue_url"))
+    return [url for url in stage.values() if url]
 
 
 @common.quiet_on_broken_pipe

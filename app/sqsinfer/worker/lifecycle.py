@@ -19,27 +19,23 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import math
-import shutil
 import signal
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
 from sqsinfer import __version__, config, shm
-from sqsinfer.aws.s3 import DataPath, Storage
 from sqsinfer.aws.session import Clients, open_clients
-from sqsinfer.aws.sqs import BatchSender, Message, Sender, SqsQueue
+from sqsinfer.aws.sqs import Message, SqsQueue
 from sqsinfer.backoff import Backoff
-from sqsinfer.limits import SQS_BATCH_MAX
 from sqsinfer.logs import Event
-from sqsinfer.messages import MessageRules
 from sqsinfer.metrics import Metrics, Phase
 from sqsinfer.outcomes import Outcome
 from sqsinfer.runtime import STOP_SIGNALS, EarlySignals
+from sqsinfer.worker import assemble
 from sqsinfer.worker.health import HealthServer
+from sqsinfer.worker.inflight import InFlightLimit
 from sqsinfer.worker.pipeline import FINISHING_STEPS, Held, Pipeline
 from sqsinfer.worker.pool import InferencePool, PoolConfig
 from sqsinfer.worker.preflight import Preflight, StartupError, StoppedWhileStarting
@@ -48,92 +44,11 @@ from sqsinfer.worker.visibility import VisibilityKeeper
 log = logging.getLogger("sqsinfer.worker")
 
 _RECEIVE_BACKOFF = Backoff(base_s=1.0, max_s=20.0)
-__all__ = ["InFlightLimit", "StartupError", "Worker", "run_worker"]
+__all__ = ["StartupError", "Worker", "run_worker"]
 _IDLE_TICK_S = 1.0
 # Everything held (slots, plus messages whose link or delete is under way) stays within
 # this many times the limit: a stalled delete path stops receiving, not grows memory.
 HELD_CAP_FACTOR = 2
-# A receive is worth its call once this share of the limit is free (and at least one,
-# at most a full batch): fewer calls than one per freed slot, no process left waiting.
-RECEIVE_SHARE = 0.25
-LIMIT_ALPHA = 0.05  # the averages behind the auto limit follow about the last 20 tasks
-
-
-@dataclass
-class Ema:
-    """An exponential moving average (None until the first sample)."""
-
-    alpha: float
-    value: float | None = None
-
-    def add(self, sample: float) -> float:
-        self.value = (
-            sample if self.value is None else self.value + self.alpha * (sample - self.value)
-        )
-        return self.value
-
-
-@dataclass
-class InFlightLimit:
-    """How many messages may hold a slot at once.
-
-    Pinned (`prefetch` N: processes × N), or auto: Little's law. A slot is held for the
-    message's I/O (its HEAD, GET, commit, and the receive that refills it) and for its
-    compute; each process stays fed when processes × (1 + io / compute) messages hold
-    slots. `HEADROOM` covers the spread around the averages. Bounded by `ceiling`
-    (processes × max_prefetch, and what /dev/shm can hold at max_input_bytes each).
-    """
-
-    processes: int
-    value: int
-    auto: bool
-    ceiling: int
-    io_s: Ema = dataclasses.field(default_factory=lambda: Ema(LIMIT_ALPHA))
-    compute_s: Ema = dataclasses.field(default_factory=lambda: Ema(LIMIT_ALPHA))
-    receive_s: Ema = dataclasses.field(default_factory=lambda: Ema(LIMIT_ALPHA))
-    samples: int = 0
-
-    # Above the law's average, because the averages hide a spread and the count dips
-    # between receives (a receive waits for a quarter of the limit to be free). Measured
-    # with `sqsinfer bench` at medium, 3 paired runs: 1.2 settled at 5 in flight, the
-    # processes busy 0.82; 2.0 settled at 9, busy 0.89, +7 to +11 % tasks/s in each pair.
-    HEADROOM = 2.0
-
-    @classmethod
-    def from_settings(cls, s: config.Settings) -> InFlightLimit:
-        ceiling = s.max_in_flight_limit
-        if s.auto_prefetch:
-            ceiling = max(s.processes, min(ceiling, _shm_slots(s.max_input_bytes)))
-        return cls(s.processes, min(s.in_flight_limit, ceiling), s.auto_prefetch, ceiling)
-
-    @property
-    def receive_batch(self) -> int:
-        """The free slots that make a receive worth its call."""
-        return max(1, min(SQS_BATCH_MAX, math.ceil(self.value * RECEIVE_SHARE)))
-
-    def observe_receive(self, seconds: float) -> None:
-        self.receive_s.add(seconds)
-
-    def observe_task(self, io_s: float, compute_s: float) -> int | None:
-        """Note one message's I/O and compute time; the new limit when it changes."""
-        io, compute = self.io_s.add(io_s), self.compute_s.add(compute_s)
-        self.samples += 1
-        if not self.auto or self.samples < self.processes * 2 or compute <= 0:
-            return None
-        wanted = self.processes * (1 + (io + (self.receive_s.value or 0.0)) / compute)
-        wanted = min(float(self.ceiling), max(float(self.processes), wanted * self.HEADROOM))
-        if abs(wanted - self.value) < 1.0:  # hysteresis: no change for noise around it
-            return None
-        self.value = round(wanted)
-        return self.value
-
-
-def _shm_slots(max_input_bytes: int) -> int:
-    """How many inputs of the largest size /dev/shm holds (a large number when unknown)."""
-    try:
-        return max(1, shutil.disk_usage(shm.SHM_DIR).total // max_input_bytes)
-    except OSError:
-        return 1 << 30
 
 
 class Worker:
@@ -215,7 +130,6 @@ class Worker:
         for client in (clients.s3, clients.sqs, clients.sqs_single_attempt):
             self.metrics.count_aws_calls(client)
         await asyncio.to_thread(shm.sweep)  # what workers killed before this one left
-        queue = SqsQueue(clients.sqs, s.queue_url)
         found = await Preflight(s, clients, self._exit_requested).run()
         if self.should_exit:  # asked to stop meanwhile: spare the pool its start
             raise StoppedWhileStarting
@@ -231,42 +145,8 @@ class Worker:
             Event.POOL_READY,
             extra={"processes": s.processes, "startup_s": round(self.pool.startup_s, 3)},
         )
-        pipeline = Pipeline(
-            settings=s,
-            rules=MessageRules(
-                allowed_input_prefixes=s.allowed_input_prefixes,
-                allowed_output_prefixes=s.allowed_output_prefixes,
-                output_prefix=s.output_prefix,  # type: ignore[arg-type]  # validated
-                output_suffix=s.output_suffix,
-                max_message_bytes=s.max_message_bytes,
-                dead_letter_max_bytes=found.dlq_max_message_bytes,
-            ),
-            storage=Storage(
-                clients.s3,
-                data=DataPath(
-                    s.endpoint_url, s.region, clients.credentials, self.metrics.count_call
-                ),
-            ),
-            queue=queue,
-            dead_letters=Sender(clients.sqs, found.dlq_url),
-            next_stage=(
-                BatchSender(clients.sqs_single_attempt, s.next_queue_url)
-                if s.next_queue_url
-                else None
-            ),
-            pool=self.pool,
-            metrics=self.metrics,
-            model_sha256=found.model.sha256,
-            max_receive_count=found.max_receive_count,
-        )
-        self.keeper = VisibilityKeeper(
-            queue,
-            visibility_timeout_s=s.visibility_timeout_s,
-            heartbeat_s=s.heartbeat_s,
-            max_task_time_s=s.max_task_time_s,
-            metrics=self.metrics,
-            on_expired=self._expire,
-        )
+        pipeline = assemble.pipeline(s, clients, found, self.pool, self.metrics)
+        self.keeper = assemble.keeper(s, pipeline.queue, self.metrics, self._expire)
         self._background.append(asyncio.create_task(self.keeper.run(), name="visibility"))
         return pipeline
 

@@ -1,0 +1,78 @@
+"""What the worker's start-up builds once its dependencies answered: the pipeline that
+handles each message, and the visibility keeper of the messages it holds.
+
+Apart from the lifecycle so that `Worker.startup` reads as its plan (checks, pool,
+parts, ready) and the wiring of the parts (which client each one is given, and why)
+has one place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sqsinfer import config
+from sqsinfer.aws.s3 import DataPath, Storage
+from sqsinfer.aws.session import Clients
+from sqsinfer.aws.sqs import BatchSender, Message, Sender, SqsQueue
+from sqsinfer.messages import MessageRules
+from sqsinfer.metrics import Metrics
+from sqsinfer.worker.pipeline import Pipeline
+from sqsinfer.worker.pool import InferencePool
+from sqsinfer.worker.preflight import Dependencies
+from sqsinfer.worker.visibility import VisibilityKeeper
+
+
+def message_rules(s: config.Settings, found: Dependencies) -> MessageRules:
+    assert s.output_prefix is not None  # validated: a worker's output prefix is required
+    return MessageRules(
+        allowed_input_prefixes=s.allowed_input_prefixes,
+        allowed_output_prefixes=s.allowed_output_prefixes,
+        output_prefix=s.output_prefix,
+        output_suffix=s.output_suffix,
+        max_message_bytes=s.max_message_bytes,
+        dead_letter_max_bytes=found.dlq_max_message_bytes,
+    )
+
+
+def pipeline(
+    s: config.Settings,
+    clients: Clients,
+    found: Dependencies,
+    pool: InferencePool,
+    metrics: Metrics,
+) -> Pipeline:
+    """The steps of one message, each given the client it needs: the input's GET and the
+    output's PUT through obstore; next-stage sends on the client without SDK retries, so
+    that the chain sees (and counts) every lost answer."""
+    data = DataPath(s.endpoint_url, s.region, clients.credentials, metrics.count_call)
+    next_stage = (
+        BatchSender(clients.sqs_single_attempt, s.next_queue_url) if s.next_queue_url else None
+    )
+    return Pipeline(
+        settings=s,
+        rules=message_rules(s, found),
+        storage=Storage(clients.s3, data=data),
+        queue=SqsQueue(clients.sqs, s.queue_url),
+        dead_letters=Sender(clients.sqs, found.dlq_url),
+        next_stage=next_stage,
+        pool=pool,
+        metrics=metrics,
+        model_sha256=found.model.sha256,
+        max_receive_count=found.max_receive_count,
+    )
+
+
+def keeper(
+    s: config.Settings,
+    queue: SqsQueue,
+    metrics: Metrics,
+    on_expired: Callable[[Message], None],
+) -> VisibilityKeeper:
+    return VisibilityKeeper(
+        queue,
+        visibility_timeout_s=s.visibility_timeout_s,
+        heartbeat_s=s.heartbeat_s,
+        max_task_time_s=s.max_task_time_s,
+        metrics=metrics,
+        on_expired=on_expired,
+    )
