@@ -5,11 +5,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from proving import chaos
+from proving.chaos import command, verdict, workload
 
 
 def test_a_small_chaos_run_loses_nothing(capsys):
-    config = chaos.ChaosConfig(
+    config = workload.ChaosConfig(
         tasks=40,
         seed=5,
         duplicate_rate=0.1,
@@ -22,7 +22,7 @@ def test_a_small_chaos_run_loses_nothing(capsys):
         visibility_delay_calls=2,
         timeout_s=300,
     )
-    findings = chaos.run(config)
+    findings = command.run(config)
     report = capsys.readouterr().out
     assert findings.problems == [], report
     figures = findings.figures
@@ -77,17 +77,17 @@ def _finished(
 
 
 def test_a_message_received_again_while_held_is_a_lapse():
-    a = chaos.holds("a", [_finished(10.0, 10.0, "committed")])
-    b = chaos.holds("b", [_finished(12.0, 3.0, "duplicate", count=2)])  # received at 9 s
-    found = chaos.lapses(a + b)
+    a = verdict.holds("a", [_finished(10.0, 10.0, "committed")])
+    b = verdict.holds("b", [_finished(12.0, 3.0, "duplicate", count=2)])  # received at 9 s
+    found = verdict.lapses(a + b)
     assert [(held.worker, taken.worker) for held, taken in found] == [("a", "b")]
     assert found[0][0].received_s == _T0 and found[0][0].let_go_s == _T0 + 10.0
 
 
 def test_a_message_received_again_after_it_was_let_go_is_no_lapse():
-    a = chaos.holds("a", [_finished(10.0, 10.0, "committed")])
-    b = chaos.holds("b", [_finished(13.0, 2.0, "duplicate", count=2)])  # received at 11 s
-    assert chaos.lapses(a + b) == []
+    a = verdict.holds("a", [_finished(10.0, 10.0, "committed")])
+    b = verdict.holds("b", [_finished(13.0, 2.0, "duplicate", count=2)])  # received at 11 s
+    assert verdict.lapses(a + b) == []
 
 
 def test_a_hand_back_ends_the_hold_when_asked_for_not_when_its_call_returns():
@@ -97,23 +97,23 @@ def test_a_hand_back_ends_the_hold_when_asked_for_not_when_its_call_returns():
         _line("task failed, will retry", 1.0, message_id="m", receive_count=1),
         _finished(13.0, 13.0, "retried"),
     ]
-    taken = chaos.holds("b", [_finished(10.0, 1.0, "committed", count=2)])  # at 9 s
-    assert chaos.lapses(chaos.holds("a", retried) + taken) == []
+    taken = verdict.holds("b", [_finished(10.0, 1.0, "committed", count=2)])  # at 9 s
+    assert verdict.lapses(verdict.holds("a", retried) + taken) == []
     # Without the `task failed` line, the same two deliveries overlap.
-    assert len(chaos.lapses(chaos.holds("a", retried[1:]) + taken)) == 1
+    assert len(verdict.lapses(verdict.holds("a", retried[1:]) + taken)) == 1
 
 
 def test_a_released_message_was_let_go_when_the_drain_began():
     lines = [_line("draining", 2.0), _finished(2.5, 2.5, "released", phases={})]
-    (hold,) = chaos.holds("a", lines)
+    (hold,) = verdict.holds("a", lines)
     assert hold.let_go_s == _T0 + 2.0 and not hold.computed
 
 
 def test_a_hold_outlives_a_stalled_extension_when_it_lasts_past_the_lapse():
-    holds = chaos.holds("a", [_finished(20.0, 20.0, "committed")])
-    assert chaos.outlived_stalls([(_T0 + 5.0, ["m"])], holds, 8) == holds
-    assert chaos.outlived_stalls([(_T0 + 13.0, ["m"])], holds, 8) == []  # let go before
-    assert chaos.outlived_stalls([(_T0 + 5.0, ["other"])], holds, 8) == []
+    holds = verdict.holds("a", [_finished(20.0, 20.0, "committed")])
+    assert verdict.outlived_stalls([(_T0 + 5.0, ["m"])], holds, 8) == holds
+    assert verdict.outlived_stalls([(_T0 + 13.0, ["m"])], holds, 8) == []  # let go before
+    assert verdict.outlived_stalls([(_T0 + 5.0, ["other"])], holds, 8) == []
 
 
 def _stage2_finished(task_id: str, message_id: str) -> dict[str, Any]:
@@ -125,8 +125,8 @@ def _counted(task_id: str, kind: str) -> dict[str, Any]:
 
 
 def _downstream_problems(stage1: list[dict[str, Any]], stage2: list[dict[str, Any]]) -> list[str]:
-    findings = chaos.Findings()
-    chaos.check_downstream(stage1, stage2, findings)
+    findings = verdict.Findings()
+    verdict.check_downstream(stage1, stage2, findings)
     return findings.problems
 
 

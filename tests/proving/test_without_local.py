@@ -14,11 +14,12 @@ from tests.lab.test_demo import BLOCK_LOCAL
 
 
 def _run_blocked(*argv: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
+    """`python -m proving.<tool> ARGS` without the local extra."""
     module, *rest = argv
-    code = BLOCK_LOCAL + f"from proving.{module} import main\nsys.exit(main({rest!r}))\n"
-    argv_ = [sys.executable, "-c", code]
+    run = f"import runpy\nsys.argv = {[module, *rest]!r}\n"
+    run += f"runpy.run_module('proving.{module}', run_name='__main__', alter_sys=True)\n"
     return subprocess.run(
-        argv_,
+        [sys.executable, "-c", BLOCK_LOCAL + run],
         capture_output=True,
         text=True,
         timeout=timeout_s,

@@ -1,0 +1,5 @@
+import sys
+
+from proving.chaos.command import main
+
+sys.exit(main())
