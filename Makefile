@@ -44,7 +44,7 @@ types: $(BIN)/.installed
 	$(BIN)/mypy
 	$(BIN)/mypy --strict scripts
 
-pytest: $(BIN)/.installed
+pytest: $(BIN)/.installed $(BIN)/promtool
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PARALLEL) --ignore=tests/localstack
 
 # The documentation site, built strictly: a broken link or anchor fails the build.
@@ -61,6 +61,17 @@ chart-readme: $(BIN)/.installed
 
 test: lint types docs pytest
 
+# promtool, which unit-tests the chart's alerts (tests/deploy/test_alert_rules.py): the binary
+# alone, unpacked from Debian's prometheus package. Installing the package would also start
+# a Prometheus server listening on every address.
+$(BIN)/promtool: | $(BIN)/.installed
+	rm -rf $(VENV)/promtool-deb && mkdir $(VENV)/promtool-deb
+	cd $(VENV)/promtool-deb && { apt-get download prometheus 2>/dev/null \
+		|| { apt-get update -qq && apt-get download prometheus; }; }
+	dpkg-deb -x $(VENV)/promtool-deb/prometheus_*.deb $(VENV)/promtool-deb/x
+	install -m 0755 $(VENV)/promtool-deb/x/usr/bin/promtool $@
+	rm -rf $(VENV)/promtool-deb
+
 # The inner loop: unit tests and the worker against moto, without ops, deploy and lab.
 test-fast: $(BIN)/.installed
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PARALLEL) tests/unit tests/worker
@@ -70,7 +81,7 @@ test-fast: $(BIN)/.installed
 # floors, then the tests that exercise the dependencies (not ops and lab: slow, and they
 # use nothing the worker does not).
 FLOORS_VENV ?= .venv-floors
-test-floors: $(BIN)/.installed
+test-floors: $(BIN)/.installed $(BIN)/promtool
 	rm -rf $(FLOORS_VENV)
 	$(BIN)/uv venv --quiet --seed --python $(PYTHON) $(FLOORS_VENV)  # --seed: pip, which tests use
 	$(BIN)/uv pip install --quiet --python $(FLOORS_VENV)/bin/python \
