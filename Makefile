@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 PARALLEL ?= -n 4 --dist loadfile
 DEMO_ARGS ?=
 
-.PHONY: demo chaos test test-fast test-floors test-localstack lint types docs docs-settings chart-readme release pytest bench clean
+.PHONY: demo chaos test test-fast test-floors test-localstack test-upgrade lint types docs docs-settings chart-readme release pytest bench clean
 
 # One venv in two layers. `make demo` installs the runtime and the lean local stand-in
 # (.[local], about 410 MB); `make test` adds the dev tools (.[dev]) on top. One venv, so
@@ -45,7 +45,8 @@ types: $(BIN)/.installed
 	$(BIN)/mypy --strict scripts
 
 pytest: $(BIN)/.installed $(BIN)/promtool
-	$(BIN)/python -m pytest -q -p no:cacheprovider $(PARALLEL) --ignore=tests/localstack
+	$(BIN)/python -m pytest -q -p no:cacheprovider $(PARALLEL) --ignore=tests/localstack \
+		--ignore=tests/upgrade
 
 # The documentation site, built strictly: a broken link or anchor fails the build.
 docs: $(BIN)/.installed
@@ -106,5 +107,11 @@ test-localstack: $(BIN)/.installed $(LOCALSTACK_VENV)/.installed
 	SQSINFER_LOCALSTACK_PYTHON=$(LOCALSTACK_VENV)/bin/python SQSINFER_LOCALSTACK_REQUIRED=1 \
 		$(BIN)/python -m pytest -q -p no:cacheprovider tests/localstack
 
+# The previous release (tests/upgrade/previous-release, built from its commit into
+# .venv-previous/ on first use, about 15 s) and this tree side by side on one chain.
+test-upgrade: $(BIN)/.installed
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/upgrade
+
 clean:
-	rm -rf $(VENV) $(FLOORS_VENV) $(LOCALSTACK_VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(FLOORS_VENV) $(LOCALSTACK_VENV) .venv-previous .mypy_cache .ruff_cache \
+		.pytest_cache

@@ -1129,3 +1129,30 @@ def test_notes_warn_when_the_network_policy_blocks_the_endpoint(chart: helm.Char
     values = {"networkPolicy": {"enabled": True}, "worker": {"endpoint_url": "http://s:4566"}}
     assert "add the port of\nworker.endpoint_url (http://s:4566)" in render(chart, values).notes
     assert "networkPolicy" not in render(chart, {"networkPolicy": {"enabled": True}}).notes
+
+
+def test_the_update_strategy_is_a_value(chart: helm.Chart) -> None:
+    """Rolling by default (old and new pods side by side, docs/upgrading.md); Recreate
+    for upgrades that must be drained, without the rolling parameters Kubernetes refuses
+    beside it (Helm merges the default's in)."""
+    rolling = render(chart).one("Deployment")["spec"]["strategy"]
+    assert rolling == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": 0},
+    }
+    assert rolling == chart_defaults()["strategy"]
+    recreate = render(chart, {"strategy": {"type": "Recreate"}}).one("Deployment")
+    assert recreate["spec"]["strategy"] == {"type": "Recreate"}
+    validate_manifest(recreate, KUBE_VERSIONS[0])
+    values = {"strategy": {"rollingUpdate": {"maxSurge": 2, "maxUnavailable": "50%"}}}
+    spec = render(chart, values).one("Deployment")["spec"]["strategy"]
+    assert spec["rollingUpdate"] == {"maxSurge": 2, "maxUnavailable": "50%"}
+    with pytest.raises(helm.HelmRenderError, match="cannot both be 0"):
+        render(chart, {"strategy": {"rollingUpdate": {"maxSurge": 0, "maxUnavailable": "0%"}}})
+    for bad, where in (
+        ({"type": "BlueGreen"}, "/strategy/type"),
+        ({"rollingUpdate": {"maxSurge": "lots"}}, "/strategy/rollingUpdate/maxSurge"),
+        ({"canary": {}}, "'canary'"),
+    ):
+        with pytest.raises(helm.HelmValuesError, match=re.escape(where)):
+            chart.validate_schema({"strategy": bad})
