@@ -91,9 +91,11 @@ test-floors: $(BIN)/.installed $(BIN)/promtool
 	$(FLOORS_VENV)/bin/python -m pytest -q -p no:cacheprovider $(PARALLEL) tests/unit tests/worker tests/deploy
 
 # The release artefacts of sqsinfer.__version__ into dist/: wheel, sdist, chart package,
-# lint of each, and dist/docker-build.sh for the image.
+# lint of each, an SBOM, SHA256SUMS, and the image's build and the chart's push commands:
+#   make release IMAGE=registry.example.com/ml/sqsinfer BASE_IMAGE=python:3.11-slim-bookworm@sha256:...
 release: $(BIN)/.installed
-	$(BIN)/python scripts/release.py
+	$(BIN)/python scripts/release.py --image "$(IMAGE)" --base-image "$(BASE_IMAGE)" \
+		--chart-repo "$(CHART_REPO)"
 
 # The worker against LocalStack as well as moto: LocalStack's S3 and SQS, stricter where AWS
 # is, in host mode (no Docker) from its own venv on Python 3.13, built here when missing.
