@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from sqsinfer.lab.faults import SEND_OPERATIONS, FaultPlan, FaultProxy
+from proving.faults import SEND_OPERATIONS, FaultPlan, FaultProxy
 
 HOLD_S = 24 * 3600.0  # longer than any test: the proxy dies first
 
