@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 PARALLEL ?= -n 4 --dist loadfile
 DEMO_ARGS ?=
 
-.PHONY: demo chaos test test-fast test-floors test-localstack lint types docs docs-settings chart-readme release pytest bench clean
+.PHONY: demo chaos test test-fast test-floors test-localstack test-upgrade lint types docs docs-settings chart-readme release pytest bench clean
 
 # One venv in two layers. `make demo` installs the runtime and the lean local stand-in
 # (.[local], about 410 MB); `make test` adds the dev tools (.[dev]) on top. One venv, so
@@ -44,8 +44,9 @@ types: $(BIN)/.installed
 	$(BIN)/mypy
 	$(BIN)/mypy --strict scripts
 
-pytest: $(BIN)/.installed
-	$(BIN)/python -m pytest -q -p no:cacheprovider $(PARALLEL) --ignore=tests/localstack
+pytest: $(BIN)/.installed $(BIN)/promtool
+	$(BIN)/python -m pytest -q -p no:cacheprovider $(PARALLEL) --ignore=tests/localstack \
+		--ignore=tests/upgrade
 
 # The documentation site, built strictly: a broken link or anchor fails the build.
 docs: $(BIN)/.installed
@@ -61,6 +62,17 @@ chart-readme: $(BIN)/.installed
 
 test: lint types docs pytest
 
+# promtool, which unit-tests the chart's alerts (tests/deploy/test_alert_rules.py): the binary
+# alone, unpacked from Debian's prometheus package. Installing the package would also start
+# a Prometheus server listening on every address.
+$(BIN)/promtool: | $(BIN)/.installed
+	rm -rf $(VENV)/promtool-deb && mkdir $(VENV)/promtool-deb
+	cd $(VENV)/promtool-deb && { apt-get download prometheus 2>/dev/null \
+		|| { apt-get update -qq && apt-get download prometheus; }; }
+	dpkg-deb -x $(VENV)/promtool-deb/prometheus_*.deb $(VENV)/promtool-deb/x
+	install -m 0755 $(VENV)/promtool-deb/x/usr/bin/promtool $@
+	rm -rf $(VENV)/promtool-deb
+
 # The inner loop: unit tests and the worker against moto, without ops, deploy and lab.
 test-fast: $(BIN)/.installed
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PARALLEL) tests/unit tests/worker
@@ -70,7 +82,7 @@ test-fast: $(BIN)/.installed
 # floors, then the tests that exercise the dependencies (not ops and lab: slow, and they
 # use nothing the worker does not).
 FLOORS_VENV ?= .venv-floors
-test-floors: $(BIN)/.installed
+test-floors: $(BIN)/.installed $(BIN)/promtool
 	rm -rf $(FLOORS_VENV)
 	$(BIN)/uv venv --quiet --seed --python $(PYTHON) $(FLOORS_VENV)  # --seed: pip, which tests use
 	$(BIN)/uv pip install --quiet --python $(FLOORS_VENV)/bin/python \
@@ -79,9 +91,11 @@ test-floors: $(BIN)/.installed
 	$(FLOORS_VENV)/bin/python -m pytest -q -p no:cacheprovider $(PARALLEL) tests/unit tests/worker tests/deploy
 
 # The release artefacts of sqsinfer.__version__ into dist/: wheel, sdist, chart package,
-# lint of each, and dist/docker-build.sh for the image.
+# lint of each, an SBOM, SHA256SUMS, and the image's build and the chart's push commands:
+#   make release IMAGE=registry.example.com/ml/sqsinfer BASE_IMAGE=python:3.11-slim-bookworm@sha256:...
 release: $(BIN)/.installed
-	$(BIN)/python scripts/release.py
+	$(BIN)/python scripts/release.py --image "$(IMAGE)" --base-image "$(BASE_IMAGE)" \
+		--chart-repo "$(CHART_REPO)"
 
 # The worker against LocalStack as well as moto: LocalStack's S3 and SQS, stricter where AWS
 # is, in host mode (no Docker) from its own venv on Python 3.13, built here when missing.
@@ -95,5 +109,11 @@ test-localstack: $(BIN)/.installed $(LOCALSTACK_VENV)/.installed
 	SQSINFER_LOCALSTACK_PYTHON=$(LOCALSTACK_VENV)/bin/python SQSINFER_LOCALSTACK_REQUIRED=1 \
 		$(BIN)/python -m pytest -q -p no:cacheprovider tests/localstack
 
+# The previous release (tests/upgrade/previous-release, built from its commit into
+# .venv-previous/ on first use, about 15 s) and this tree side by side on one chain.
+test-upgrade: $(BIN)/.installed
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/upgrade
+
 clean:
-	rm -rf $(VENV) $(FLOORS_VENV) $(LOCALSTACK_VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(FLOORS_VENV) $(LOCALSTACK_VENV) .venv-previous .mypy_cache .ruff_cache \
+		.pytest_cache

@@ -1085,9 +1085,13 @@ def test_prometheus_rule_alerts_ask_for_series_that_exist(chart: helm.Chart) -> 
             if selector.name.startswith("sqsinfer_"):  # this stage's series only
                 assert {"job", "namespace"} <= selector.labels, name
         assert f'job="{job}"' in rule["expr"] and f'namespace="{NAMESPACE}"' in rule["expr"]
-        assert rule["labels"] == {"severity": "warning"}
-        assert rule["annotations"]["summary"]
-    assert 'scaledObject="stage1-sqsinfer"' in rules["SqsinferBacklogNotDraining"]["expr"]
+        # every alert says which stage; the backlog alert's result has no labels of its own
+        assert rule["labels"].items() >= {"severity": "warning"}.items()
+        assert rule["labels"].keys() <= {"severity", "namespace", "job"}
+        assert rule["annotations"]["summary"] and rule["annotations"]["runbook_url"]
+    backlog = rules["SqsinferBacklogNotDraining"]
+    assert 'scaledObject="stage1-sqsinfer"' in backlog["expr"]
+    assert backlog["labels"] == {"severity": "warning", "namespace": NAMESPACE, "job": job}
     # the ServiceMonitor's job is the Service's name, which the alerts select
     assert (
         rendered.one("ServiceMonitor")["spec"]["selector"]["matchLabels"]
@@ -1125,3 +1129,30 @@ def test_notes_warn_when_the_network_policy_blocks_the_endpoint(chart: helm.Char
     values = {"networkPolicy": {"enabled": True}, "worker": {"endpoint_url": "http://s:4566"}}
     assert "add the port of\nworker.endpoint_url (http://s:4566)" in render(chart, values).notes
     assert "networkPolicy" not in render(chart, {"networkPolicy": {"enabled": True}}).notes
+
+
+def test_the_update_strategy_is_a_value(chart: helm.Chart) -> None:
+    """Rolling by default (old and new pods side by side, docs/upgrading.md); Recreate
+    for upgrades that must be drained, without the rolling parameters Kubernetes refuses
+    beside it (Helm merges the default's in)."""
+    rolling = render(chart).one("Deployment")["spec"]["strategy"]
+    assert rolling == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": 0},
+    }
+    assert rolling == chart_defaults()["strategy"]
+    recreate = render(chart, {"strategy": {"type": "Recreate"}}).one("Deployment")
+    assert recreate["spec"]["strategy"] == {"type": "Recreate"}
+    validate_manifest(recreate, KUBE_VERSIONS[0])
+    values = {"strategy": {"rollingUpdate": {"maxSurge": 2, "maxUnavailable": "50%"}}}
+    spec = render(chart, values).one("Deployment")["spec"]["strategy"]
+    assert spec["rollingUpdate"] == {"maxSurge": 2, "maxUnavailable": "50%"}
+    with pytest.raises(helm.HelmRenderError, match="cannot both be 0"):
+        render(chart, {"strategy": {"rollingUpdate": {"maxSurge": 0, "maxUnavailable": "0%"}}})
+    for bad, where in (
+        ({"type": "BlueGreen"}, "/strategy/type"),
+        ({"rollingUpdate": {"maxSurge": "lots"}}, "/strategy/rollingUpdate/maxSurge"),
+        ({"canary": {}}, "'canary'"),
+    ):
+        with pytest.raises(helm.HelmValuesError, match=re.escape(where)):
+            chart.validate_schema({"strategy": bad})
