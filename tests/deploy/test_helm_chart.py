@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import math
 import re
 from collections.abc import Iterator
@@ -23,18 +22,23 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
-from helm_python import _native
 
 from sqsinfer import config
 from sqsinfer.config import ENV_NAMES, ENV_PREFIX, Settings
 from sqsinfer.worker.health import HealthServer
 from tests.deploy import promql
+from tests.deploy.chart import (
+    CHART,
+    KEDA_API,
+    MONITORING_APIS,
+    NAMESPACE,
+    ROOT,
+    Rendered,
+    render,
+)
 
-ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "helm" / "sqsinfer"
 EXAMPLES = ROOT / "helm" / "examples"
 STAGES = ("stage1", "stage2")
-NAMESPACE = "inference"
 # The chart's kubeVersion floor and the newest schemas kubernetes_validate ships.
 KUBE_VERSIONS = ("1.27.0", kubernetes_validate.utils.latest_version())
 BASE_KINDS = {
@@ -47,14 +51,6 @@ BASE_KINDS = {
 }
 SETTING_NAMES = {f.name for f in dataclasses.fields(Settings)}
 MiB = 1 << 20
-# The custom resources a cluster with KEDA and the Prometheus Operator serves; the chart
-# checks for them (.Capabilities.APIVersions) before it renders their objects.
-KEDA_API = "keda.sh/v1alpha1/ScaledObject"
-MONITORING_APIS = (
-    "monitoring.coreos.com/v1/ServiceMonitor",
-    "monitoring.coreos.com/v1/PrometheusRule",
-)
-CLUSTER_APIS = (KEDA_API, *MONITORING_APIS)
 EXIT_MARGIN_S = 5  # what the chart adds to the worker's shutdown budget for process exit
 
 # -- Custom resources -------------------------------------------------------------------
@@ -244,61 +240,11 @@ CRD_SCHEMAS: dict[tuple[str, str], dict[str, Any]] = {
 
 
 # -- Rendering --------------------------------------------------------------------------
-@dataclasses.dataclass
-class Rendered:
-    docs: list[dict[str, Any]]
-    notes: str
-
-    def kinds(self) -> set[str]:
-        return {d["kind"] for d in self.docs}
-
-    def one(self, kind: str) -> dict[str, Any]:
-        (doc,) = [d for d in self.docs if d["kind"] == kind]
-        return doc
-
-    def container(self) -> dict[str, Any]:
-        (container,) = self.one("Deployment")["spec"]["template"]["spec"]["containers"]
-        return container
-
-    def env(self) -> dict[str, str]:
-        return {e["name"]: e["value"] for e in self.container()["env"] if "value" in e}
-
-
 @pytest.fixture(scope="module")
 def chart() -> Iterator[helm.Chart]:
     helm.disable_logging()
     with helm.Chart.load(CHART) as loaded:
         yield loaded
-
-
-def render(
-    chart: helm.Chart,
-    values: dict[str, Any] | None = None,
-    name: str = "stage1",
-    api_versions: tuple[str, ...] = CLUSTER_APIS,
-) -> Rendered:
-    """Render as `helm template --api-versions ...` does, for a cluster serving `api_versions`.
-
-    `Chart.render` does not take API versions (helm-python-sdk 0.2), but the engine it calls
-    does: its options are the same JSON object with `api_versions` added.
-    """
-    options = {"name": name, "namespace": NAMESPACE, "api_versions": list(api_versions)}
-    raw = _native.call_string(
-        "helm_render",
-        chart._raw(),
-        None if values is None else json.dumps(values),
-        json.dumps(options),
-    )
-    out: dict[str, str] = json.loads(raw)
-    docs = [
-        doc
-        for path, text in sorted(out.items())
-        if path.endswith((".yaml", ".yml"))
-        for doc in yaml.safe_load_all(text)
-        if doc
-    ]
-    notes = "".join(text for path, text in out.items() if path.endswith("NOTES.txt"))
-    return Rendered(docs, notes)
 
 
 def example(stage: str) -> dict[str, Any]:
@@ -668,7 +614,7 @@ def test_queue_length_matches_the_workers_process_count(
     monkeypatch.setattr(config, "_cgroup_cpu_quota", lambda: quota)
     monkeypatch.setattr(config.os, "sched_getaffinity", lambda _: set(range(64)))
     processes = config.available_cpus()
-    values = {"resources": {"limits": {"cpu": cpu, "memory": "8Gi"}}, "worker": {"prefetch": 3}}
+    values = {"resources": {"limits": {"cpu": cpu}}, "worker": {"prefetch": 3}}  # memory: derived
     rendered = render(chart, values)
     assert sqs_trigger(rendered)["metadata"]["queueLength"] == str(processes * 3)
     assert rendered.env()["SQSINFER_PROCESSES"] == "0"  # the worker derives the same count
@@ -741,8 +687,8 @@ def volumes(rendered: Rendered) -> tuple[dict[str, Any], dict[str, str]]:
         ({"worker": {"prefetch": 2}}, f"{2 * 2 * 64 + 64}Mi"),  # pinned: its own count
         (
             {"worker": {"processes": 3, "prefetch": 4, "max_input_bytes": 10 * MiB + 1}},
-            f"{3 * 4 * 10 * MiB // MiB + 1 + 64}Mi",
-        ),  # rounded up to whole MiB
+            f"{3 * 4 * 11 + 64}Mi",
+        ),  # each input's segment is rounded up to whole MiB
         ({"shm": {"sizeLimit": "3Gi"}}, "3Gi"),
     ],
 )

@@ -21,6 +21,7 @@ The arithmetic (`make_plan`) is pure and follows the worker's own flow per task:
 - prices (defaults, us-east-1): SQS $0.40 per million requests; S3 PUT $0.005 per
   1,000; GET $0.0004 per 1,000, HEAD priced as GET.
 - KEDA `queueLength`: one pod's capacity, processes × prefetch.
+- pod sizing (/dev/shm, /tmp, memory): `sqsinfer.sizing`, the chart's own formula.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from sqsinfer import sizing
 from sqsinfer.limits import SQS_BATCH_MAX
 from sqsinfer.ops import common
 from sqsinfer.worker import inflight
@@ -323,11 +325,41 @@ def render(plan: Plan) -> None:
         )
 
 
+def render_sizing(pod: sizing.PodSizing) -> None:
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="pod sizing", title_justify="left", show_header=False, box=box.SIMPLE)
+    table.add_column()
+    table.add_column()
+    for name, text in pod.explain().items():
+        table.add_row(name, text)
+    Console().print(table)
+
+
+def pod_settings(args: argparse.Namespace) -> sizing.PodSettings:
+    """The pod's sizing inputs from the borrowed settings, as the chart takes them."""
+    pinned = isinstance(args.prefetch, int)
+    in_tmp = sizing.model_in_tmp(args.model_path, args.model_dir)
+    return sizing.PodSettings(
+        processes=args.processes,
+        in_flight_per_process=args.prefetch if pinned else args.max_prefetch,
+        max_input_bytes=args.max_input_bytes,
+        max_decoded_bytes=args.max_decoded_bytes,
+        fetched_model_bytes=args.max_model_bytes if in_tmp else 0,
+        model_resident_mib=args.model_resident_mib,
+    )
+
+
 # -- the command ----------------------------------------------------------------------
 BORROWED = ("processes", "prefetch", "max_prefetch", "visibility_timeout_s", "heartbeat_s")
+SIZED_BY = ("max_input_bytes", "max_decoded_bytes", "model_path", "model_dir", "max_model_bytes")
 _NOTES = {
     "processes": "per pod, required here",
     "prefetch": "auto plans with where auto starts",
+    "max_prefetch": "the pod is sized for it when prefetch is auto",
+    "model_path": "an s3:// model is fetched into /tmp, which is sized for it",
 }
 
 
@@ -344,7 +376,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--seconds-per-task", type=common.positive_float, help="process-seconds")
     p.add_argument("--from-bench", metavar="FILE", help="read seconds per task from a bench JSON")
     p.add_argument("--bench-scenario", default=BENCH_SCENARIO, help=f"({BENCH_SCENARIO})")
-    common.borrow(p, BORROWED, notes=_NOTES)
+    common.borrow(p, BORROWED + SIZED_BY, notes=_NOTES)
     p.add_argument("--pods-max", type=common.positive_int, help="the largest fleet allowed")
     p.add_argument("--deadline-h", type=common.positive_float, help="hours to finish in")
     p.add_argument("--next-stage", action="store_true", help="the stage hands on its outputs")
@@ -359,6 +391,13 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--s3-put-price-per-1000", type=float, default=S3_PUT_PER_1000)
     p.add_argument("--s3-get-price-per-1000", type=float, default=S3_GET_PER_1000)
     p.add_argument("--pod-hour-price", type=float, help="add the compute cost")
+    p.add_argument(
+        "--model-resident-mib",
+        type=int,
+        default=sizing.MODEL_RESIDENT_MIB,
+        help=f"memory one process holds for the model, for the pod sizing "
+        f"({sizing.MODEL_RESIDENT_MIB}; the chart's model.residentMiB)",
+    )
     p.add_argument("--json", action="store_true", help="the plan as JSON on stdout")
     p.set_defaults(func=cmd_plan)
 
@@ -393,12 +432,14 @@ def plan_input(args: argparse.Namespace) -> PlanInput:
 def cmd_plan(args: argparse.Namespace) -> int:
     try:
         plan = make_plan(plan_input(args))
-    except PlanError as exc:
+        pod = sizing.size(pod_settings(args))
+    except (PlanError, ValueError) as exc:
         return common.usage_error("plan", str(exc))
     if args.json:
-        print(json.dumps(plan.as_dict(), indent=2))
+        print(json.dumps(plan.as_dict() | {"sizing": asdict(pod)}, indent=2))
     else:
         render(plan)
+        render_sizing(pod)
     if plan.meets_deadline is False:
         print("sqsinfer plan: the deadline cannot be met within --pods-max", file=sys.stderr)
         return common.EXIT_FAILED

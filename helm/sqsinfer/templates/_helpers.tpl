@@ -133,14 +133,110 @@ when prefetch is auto (the worker never sizes its limit beyond it). */}}
 {{- mul (include "sqsinfer.processes" . | int64) (int64 $per) }}
 {{- end }}
 
-{{/* Size of the memory-backed /dev/shm volume. */}}
-{{- define "sqsinfer.shmSize" -}}
-{{- if .Values.shm.sizeLimit }}
-{{- .Values.shm.sizeLimit }}
+{{/*
+-- Sizing: /dev/shm, /tmp and memory from the settings that drive them -----------------
+The one formula of sqsinfer.sizing (app/sqsinfer/sizing.py, which a test holds this to;
+docs/deployment.md explains it), in whole MiB, each byte setting rounded up first:
+  slots       = processes x (prefetch, or max_prefetch when auto)
+  /dev/shm    = slots x max_input_bytes + shm.headroomMiB
+  /tmp        = 64 MiB scratch + max_model_bytes when an s3:// model is fetched into /tmp
+  per process = 100 MiB baseline + model.residentMiB + 3 x max_decoded_bytes + 8 MiB
+  memory      = 130 MiB main process + /dev/shm + processes x per process
+Unset worker settings take the worker's defaults (a test holds them to sqsinfer.config).
+*/}}
+{{- define "sqsinfer.mib" -}}
+{{- div (add (int64 .) 1048575) 1048576 }}
+{{- end }}
+
+{{/* A Kubernetes quantity of bytes (512Mi, 1.5G, 1000000) in whole MiB, rounded up. */}}
+{{- define "sqsinfer.quantityMiB" -}}
+{{- $bytes := 0.0 }}
+{{- if kindIs "string" . }}
+{{- $number := regexFind "^[0-9]+(\\.[0-9]+)?" . }}
+{{- $units := dict "" 1.0 "m" 0.001 "k" 1e3 "M" 1e6 "G" 1e9 "T" 1e12 "P" 1e15 "E" 1e18 "Ki" 1024.0 "Mi" 1048576.0 "Gi" 1073741824.0 "Ti" 1099511627776.0 "Pi" 1125899906842624.0 "Ei" 1152921504606846976.0 }}
+{{- $bytes = mulf (float64 $number) (get $units (trimPrefix $number .)) }}
 {{- else }}
-{{- $bytes := mul (include "sqsinfer.maxSlots" . | int64) (int64 .Values.worker.max_input_bytes) }}
-{{- $mib := div (add $bytes 1048575) 1048576 }}
-{{- printf "%dMi" (add $mib (int64 .Values.shm.headroomMiB)) }}
+{{- $bytes = float64 . }}
+{{- end }}
+{{- ceil (divf $bytes 1048576.0) | int64 }}
+{{- end }}
+
+{{/* A byte setting of the worker: its value, or the worker's default when unset. */}}
+{{- define "sqsinfer.bytesSetting" -}}
+{{- $value := index . 0 }}
+{{- if include "sqsinfer.isSet" $value }}{{ int64 $value }}{{ else }}{{ index . 1 }}{{ end }}
+{{- end }}
+
+{{/* Whether the worker fetches its model into /tmp: an s3:// model, model_dir there. */}}
+{{- define "sqsinfer.modelInTmp" -}}
+{{- $dir := .Values.worker.model_dir | default "" }}
+{{- if and (hasPrefix "s3://" (.Values.worker.model_path | default "")) (or (eq $dir "") (eq $dir "/tmp") (hasPrefix "/tmp/" $dir)) }}true{{ end }}
+{{- end }}
+
+{{/* The pod's sizes as JSON: slots, shm, tmp, model, input, decoded, decode, perProcess, memory (MiB). */}}
+{{- define "sqsinfer.sizing" -}}
+{{- $w := .Values.worker }}
+{{- $processes := include "sqsinfer.processes" . | int64 }}
+{{- $slots := include "sqsinfer.maxSlots" . | int64 }}
+{{- $input := include "sqsinfer.mib" (include "sqsinfer.bytesSetting" (list $w.max_input_bytes 67108864)) | int64 }}
+{{- $decoded := include "sqsinfer.mib" (include "sqsinfer.bytesSetting" (list $w.max_decoded_bytes 268435456)) | int64 }}
+{{- $model := 0 }}
+{{- if include "sqsinfer.modelInTmp" . }}
+{{- $model = include "sqsinfer.mib" (include "sqsinfer.bytesSetting" (list $w.max_model_bytes 4294967296)) | int64 }}
+{{- end }}
+{{- $shm := add (mul $slots $input) (int64 .Values.shm.headroomMiB) }}
+{{- $decode := add (mul 3 $decoded) 8 }}
+{{- $perProcess := add 100 (int64 .Values.model.residentMiB) $decode }}
+{{- dict "processes" $processes "slots" $slots "input" $input "decoded" $decoded "model" $model "shm" $shm "tmp" (add 64 $model) "decode" $decode "perProcess" $perProcess "memory" (add 130 $shm (mul $processes $perProcess)) | toJson }}
+{{- end }}
+
+{{/* Size of the memory-backed /dev/shm volume: shm.sizeLimit, or what the inputs need. */}}
+{{- define "sqsinfer.shmSize" -}}
+{{- .Values.shm.sizeLimit | default (printf "%dMi" ((include "sqsinfer.sizing" . | fromJson).shm | int64)) }}
+{{- end }}
+
+{{/* Size of the /tmp emptyDir: tmp.sizeLimit, or scratch plus a model fetched there. */}}
+{{- define "sqsinfer.tmpSize" -}}
+{{- .Values.tmp.sizeLimit | default (printf "%dMi" ((include "sqsinfer.sizing" . | fromJson).tmp | int64)) }}
+{{- end }}
+
+{{/* The worker container's resources: memory limit derived unless set, request = limit unless set. */}}
+{{- define "sqsinfer.resources" -}}
+{{- $resources := deepCopy (.Values.resources | default dict) }}
+{{- $limits := $resources.limits | default dict }}
+{{- $requests := $resources.requests | default dict }}
+{{- if not $limits.memory }}
+{{- $_ := set $limits "memory" (printf "%dMi" ((include "sqsinfer.sizing" . | fromJson).memory | int64)) }}
+{{- end }}
+{{- if not $requests.memory }}
+{{- $_ := set $requests "memory" $limits.memory }}
+{{- end }}
+{{- $_ := set $resources "limits" $limits }}
+{{- $_ := set $resources "requests" $requests }}
+{{- toYaml $resources }}
+{{- end }}
+
+{{/* Explicit sizes below what the settings need stop the render, naming the parts. */}}
+{{- define "sqsinfer.validateSizing" -}}
+{{- $s := include "sqsinfer.sizing" . | fromJson }}
+{{- $per := "max_prefetch" }}
+{{- if ne (toString .Values.worker.prefetch) "auto" }}{{ $per = "prefetch" }}{{ end }}
+{{- with .Values.shm.sizeLimit }}
+{{- if lt (include "sqsinfer.quantityMiB" . | int64) (int64 $s.shm) }}
+{{- fail (printf "shm.sizeLimit (%s) is below the %dMi /dev/shm needs: %d in-flight inputs (%d processes x worker.%s %d) x %d MiB (worker.max_input_bytes) + %d MiB (shm.headroomMiB). Leave it empty to have it derived, or lower worker.%s, worker.max_input_bytes or the processes" . (int64 $s.shm) (int64 $s.slots) (int64 $s.processes) $per (div (int64 $s.slots) (int64 $s.processes)) (int64 $s.input) (int64 $.Values.shm.headroomMiB) $per) }}
+{{- end }}
+{{- end }}
+{{- with .Values.tmp.sizeLimit }}
+{{- if lt (include "sqsinfer.quantityMiB" . | int64) (int64 $s.tmp) }}
+{{- fail (printf "tmp.sizeLimit (%s) is below the %dMi /tmp needs: 64 MiB of scratch + %d MiB for the model fetched from S3 into /tmp (worker.max_model_bytes, since worker.model_path is s3:// and worker.model_dir is empty or under /tmp). Leave it empty to have it derived, lower worker.max_model_bytes to the model's size, or point worker.model_dir at another volume" . (int64 $s.tmp) (int64 $s.model)) }}
+{{- end }}
+{{- end }}
+{{- with (dig "limits" "memory" "" (.Values.resources | default dict)) }}
+{{- if lt (include "sqsinfer.quantityMiB" . | int64) (int64 $s.memory) }}
+{{- $shown := . }}
+{{- if not (kindIs "string" .) }}{{ $shown = printf "%.0f" (float64 .) }}{{ end }}
+{{- fail (printf "resources.limits.memory (%s) is below the %dMi the pod needs: main process 130 + /dev/shm %d + %d processes x (100 baseline + %d model (model.residentMiB) + %d to decode: 3 x %d (worker.max_decoded_bytes) + 8) MiB. Leave it empty to have it derived, or lower worker.max_decoded_bytes, worker.max_input_bytes, worker.%s or the processes" $shown (int64 $s.memory) (int64 $s.shm) (int64 $s.processes) (int64 $.Values.model.residentMiB) (int64 $s.decode) (int64 $s.decoded) $per) }}
+{{- end }}
 {{- end }}
 {{- end }}
 
@@ -196,6 +292,7 @@ holds these numbers to the worker's.
 {{- if lt $grace $least }}
 {{- fail (printf "terminationGracePeriodSeconds (%d) must be at least %d: worker.drain_deadline_s (%v) + 10 s for a commit under way + 5 s to release unfinished messages + 5 s for the processes to exit; leave it empty to have it derived" $grace $least $drain) }}
 {{- end }}
+{{- include "sqsinfer.validateSizing" . }}
 {{- if and .Values.keda.enabled (not .Values.keda.scaleToZero) (gt (int64 .Values.keda.minReplicas) (int64 .Values.keda.maxReplicas)) }}
 {{- fail "keda.minReplicas must not exceed keda.maxReplicas" }}
 {{- end }}
