@@ -8,6 +8,14 @@
 # EXTRAS (optional) are the package's extras to install: `onnx` (SQSINFER_HANDLER=onnx)
 # and `parquet` (.parquet inputs and outputs).
 #
+# Offline (air-gapped builds, or a host whose builds cannot reach the package index):
+#   python scripts/wheelhouse.py --extras parquet wheelhouse      (where the index is)
+#   docker build -t sqsinfer --build-arg WHEELHOUSE=wheelhouse --build-arg EXTRAS=parquet .
+# WHEELHOUSE (optional) is a folder of wheels in the build context; pip then installs
+# from it alone (--no-index). PYTHON_IMAGE is the base (a Debian with python3 and
+# python3-venv, e.g. one made with mmdebstrap: see docs/deployment.md). With podman,
+# build with `--format docker`: the OCI format drops SHELL, and with it pipefail.
+#
 # `python scripts/release.py` writes the release's build command (with VERSION).
 #
 # MODEL_FILE (optional) is a model file in the build context; it is baked in at
@@ -40,13 +48,20 @@ COPY app ./app
 # The project depends on xgboost-cpu: the CPU-only wheel, without the CUDA libraries
 # that the plain xgboost wheel pulls in. Fail the build if anything brought those in.
 # (DL3013 asks to pin what pip installs: this is the project itself, pinned by its tree.)
+# pip and setuptools (the build backend) leave the environment once it is built: the
+# worker runs neither, and the runtime image has no use for an installer.
 ARG EXTRAS=""
+ARG WHEELHOUSE=""
 # hadolint ignore=DL3013
-RUN pip install --no-cache-dir ".${EXTRAS:+[${EXTRAS}]}" \
+RUN --mount=type=bind,target=/context \
+    pip install --no-cache-dir \
+        ${WHEELHOUSE:+--no-index --find-links "/context/${WHEELHOUSE}"} \
+        ".${EXTRAS:+[${EXTRAS}]}" \
     && pip show xgboost-cpu > /dev/null \
     && if pip show xgboost > /dev/null 2>&1; then echo "xgboost (CUDA) installed" >&2; exit 1; fi \
     && if pip freeze | grep -i '^nvidia-'; then echo "CUDA libraries installed" >&2; exit 1; fi \
-    && sqsinfer --help > /dev/null
+    && sqsinfer --help > /dev/null \
+    && pip uninstall --yes --quiet pip setuptools
 
 # The optional baked-in model, staged so the runtime stage can copy it unconditionally.
 ARG MODEL_FILE=""
@@ -70,8 +85,11 @@ LABEL org.opencontainers.image.title="sqsinfer" \
 
 # tini is PID 1: it hands SIGTERM to the worker (which drains and releases its messages)
 # and reaps the inference processes the worker spawns.
+# apt-get clean: a base without the Docker images' apt hook would otherwise keep apt's
+# package caches (about 77 MB) in this layer.
 RUN apt-get update \
     && apt-get install -y --no-install-recommends tini \
+    && apt-get clean \
     && rm -rf /var/lib/apt/lists/* \
     && groupadd --system --gid 10001 sqsinfer \
     && useradd --system --uid 10001 --gid 10001 --no-create-home \

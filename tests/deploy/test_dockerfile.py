@@ -162,19 +162,66 @@ def test_installs_the_cpu_only_xgboost() -> None:
     ]
     assert "xgboost-cpu" in names
     assert "xgboost" not in names  # the plain wheel brings the CUDA libraries
-    (install,) = [a for a in args_of(stages()[0], "RUN") if "pip install" in a]
+    install = _install_step()
     assert "pip show xgboost-cpu" in install
     assert "pip show xgboost >" in install  # and fails the build if the CUDA one is there
     # the extras a build asks for (EXTRAS=onnx,parquet) are what pip installs, or nothing
-    assert 'pip install --no-cache-dir ".${EXTRAS:+[${EXTRAS}]}"' in install
+    assert '".${EXTRAS:+[${EXTRAS}]}"' in install
     # the shell's expansion of that argument, as the build's RUN makes it
     for extras, spec in (("", "."), ("onnx,parquet", ".[onnx,parquet]")):
-        echo = 'echo ".${EXTRAS:+[${EXTRAS}]}"'
-        env = {"PATH": "/usr/bin:/bin", "EXTRAS": extras}
-        done = subprocess.run(
-            ["bash", "-c", echo], env=env, capture_output=True, text=True, check=True
-        )
-        assert done.stdout.strip() == spec
+        assert _expand('".${EXTRAS:+[${EXTRAS}]}"', EXTRAS=extras) == [spec]
+
+
+def _expand(words: str, **env: str) -> list[str]:
+    """The words bash makes of `words` (as a RUN line's shell does) with these variables."""
+    script = f'for word in {words}; do printf "%s\\n" "$word"; done'
+    done = subprocess.run(
+        ["bash", "-c", script],
+        env={"PATH": "/usr/bin:/bin", **env},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return done.stdout.splitlines()
+
+
+def _install_step() -> str:
+    (install,) = [a for a in args_of(stages()[0], "RUN") if "pip install" in a]
+    return install
+
+
+def test_an_optional_wheelhouse_makes_the_build_offline() -> None:
+    """WHEELHOUSE=folder: pip installs from the build context's folder and nothing else;
+    without it the same step installs from the index. No other instruction depends on it."""
+    builder = stages()[0]
+    assert 'WHEELHOUSE=""' in args_of(builder, "ARG")
+    install = _install_step()
+    assert install.startswith("--mount=type=bind,target=/context pip install")
+    option = '${WHEELHOUSE:+--no-index --find-links "/context/${WHEELHOUSE}"}'
+    assert option in install
+    assert _expand(option, WHEELHOUSE="") == []
+    assert _expand(option, WHEELHOUSE="wheelhouse") == [
+        "--no-index",
+        "--find-links",
+        "/context/wheelhouse",
+    ]
+    using = [args for _, args in instructions(DOCKERFILE.read_text()) if "WHEELHOUSE" in args]
+    assert using == ['WHEELHOUSE=""', install]  # its ARG and the install step alone
+    # the wheels reach a build that filters the context by .dockerignore (BuildKit)
+    assert "!wheelhouse/" in (ROOT / ".dockerignore").read_text().splitlines()
+
+
+def test_the_runtime_environment_has_no_installer() -> None:
+    """pip and setuptools leave the virtual environment once it is built, in the same
+    step (so no layer keeps them), after the checks that use pip."""
+    install = _install_step()
+    assert install.endswith("&& pip uninstall --yes --quiet pip setuptools")
+    assert install.index("pip freeze") < install.index("pip uninstall")
+
+
+def test_apt_leaves_no_cache_in_the_layer() -> None:
+    (install,) = [a for a in args_of(runtime(), "RUN") if "apt-get install" in a]
+    assert "apt-get clean" in install  # a base without the Docker images' apt hook
 
 
 def test_build_context_sends_what_the_build_copies() -> None:
