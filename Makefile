@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 PARALLEL ?= -n 4 --dist loadfile
 DEMO_ARGS ?=
 
-.PHONY: demo chaos test test-fast test-floors test-localstack test-upgrade lint types docs docs-settings chart-readme release pytest bench clean
+.PHONY: demo chaos test test-fast test-floors test-localstack test-upgrade test-image image image-base wheelhouse lint types docs docs-settings chart-readme release pytest bench clean
 
 # One venv in two layers. `make demo` installs the runtime and the lean local stand-in
 # (.[local], about 410 MB); `make test` adds the dev tools (.[dev]) on top. One venv, so
@@ -46,7 +46,7 @@ types: $(BIN)/.installed
 
 pytest: $(BIN)/.installed $(BIN)/promtool
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PARALLEL) --ignore=tests/localstack \
-		--ignore=tests/upgrade
+		--ignore=tests/upgrade --ignore=tests/image
 
 # The documentation site, built strictly: a broken link or anchor fails the build.
 docs: $(BIN)/.installed
@@ -113,6 +113,65 @@ test-localstack: $(BIN)/.installed $(LOCALSTACK_VENV)/.installed
 # .venv-previous/ on first use, about 15 s) and this tree side by side on one chain.
 test-upgrade: $(BIN)/.installed
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/upgrade
+
+# -- The image -----------------------------------------------------------------------------
+# `make image` builds IMAGE:TAG (sqsinfer:<version> unless given) with podman (with
+# --format docker, which keeps the Dockerfile's SHELL and so pipefail) or docker, whichever
+# is installed: from the package index by default; offline with WHEELHOUSE=wheelhouse
+# (filled by `make wheelhouse` where the index is reachable) and BASE_IMAGE naming a base
+# the engine has (the PYTHON_IMAGE build argument; `make image-base` makes one from
+# Debian's packages, without Docker Hub).
+VERSION := $(shell sed -n 's/^__version__ = "\([^"]*\)".*/\1/p' app/sqsinfer/__init__.py)
+ENGINE ?= $(notdir $(or $(shell command -v podman),$(shell command -v docker)))
+EXTRAS ?=
+WHEELHOUSE ?=
+DEBIAN_BASE ?= localhost/sqsinfer-base:bookworm
+DEBIAN_BASE_TAR ?= build/image/debian-bookworm-python3.tar
+
+image:
+	@test -n "$(ENGINE)" || { echo "make image: install podman or docker" >&2; exit 1; }
+	$(ENGINE) build $(if $(filter podman,$(ENGINE)),--format docker) \
+		--build-arg VERSION=$(VERSION) \
+		$(if $(BASE_IMAGE),--build-arg PYTHON_IMAGE=$(BASE_IMAGE)) \
+		$(if $(EXTRAS),--build-arg EXTRAS=$(EXTRAS)) \
+		$(if $(WHEELHOUSE),--build-arg WHEELHOUSE=$(WHEELHOUSE)) \
+		-t $(or $(IMAGE),sqsinfer):$(or $(TAG),$(VERSION)) .
+
+# The wheels of an offline build: the dependencies (and EXTRAS') for the image's Python.
+wheelhouse: $(BIN)/.installed
+	$(BIN)/python scripts/wheelhouse.py --extras '$(EXTRAS)' wheelhouse
+
+# A base image from Debian 12's own packages (its Python is 3.11), for hosts without
+# Docker Hub, as DEBIAN_BASE; the tarball is kept and imported once.
+$(DEBIAN_BASE_TAR):
+	mkdir -p $(@D)
+	mmdebstrap --quiet --variant=minbase \
+		--include=python3,python3-venv,python-is-python3,ca-certificates \
+		bookworm $(@:.tar=.partial.tar)
+	mv $(@:.tar=.partial.tar) $@
+
+image-base: $(DEBIAN_BASE_TAR)
+	$(ENGINE) image inspect $(DEBIAN_BASE) > /dev/null 2>&1 \
+		|| $(ENGINE) import $(DEBIAN_BASE_TAR) $(DEBIAN_BASE)
+
+# The image and the chart's own pods under podman, against a stand-in on loopback
+# (tests/image). podman keeps this lane's images and pods under build/image
+# (scripts/podman_conf.py): the base tarball, the wheelhouse and the day's build cache
+# are reused by the next local run; a fresh clone builds everything.
+IMAGE_STATE := $(CURDIR)/build/image
+TEST_IMAGE_EXTRAS ?= parquet
+test-image: export CONTAINERS_CONF = $(IMAGE_STATE)/containers.conf
+test-image: export CONTAINERS_STORAGE_CONF = $(IMAGE_STATE)/storage.conf
+test-image: $(BIN)/.installed
+	scripts/image_tools.sh
+	$(BIN)/python scripts/podman_conf.py $(IMAGE_STATE) > /dev/null
+	$(MAKE) --no-print-directory wheelhouse EXTRAS=$(TEST_IMAGE_EXTRAS)
+	$(MAKE) --no-print-directory image-base ENGINE=podman
+	podman image prune --force --filter until=24h > /dev/null  # keep today's build cache
+	$(MAKE) --no-print-directory image ENGINE=podman IMAGE=localhost/sqsinfer TAG=test \
+		BASE_IMAGE=$(DEBIAN_BASE) WHEELHOUSE=wheelhouse EXTRAS=$(TEST_IMAGE_EXTRAS)
+	SQSINFER_TEST_IMAGE=localhost/sqsinfer:test SQSINFER_IMAGE_REQUIRED=1 \
+		$(BIN)/python -m pytest -q -p no:cacheprovider tests/image
 
 clean:
 	rm -rf $(VENV) $(FLOORS_VENV) $(LOCALSTACK_VENV) .venv-previous .mypy_cache .ruff_cache \
