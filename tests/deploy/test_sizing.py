@@ -201,7 +201,8 @@ def test_a_stage_that_cannot_fit_its_memory_says_what_to_lower(chart: helm.Chart
 # -- the other users of the formula --------------------------------------------------------
 def test_plan_prints_the_pod_sizing_of_the_formula() -> None:
     args = ["--tasks", "1000", "--seconds-per-task", "1", "--processes", "3", "--pods-max", "2"]
-    args += ["--max-prefetch", "4", "--max-input-bytes", "10Mi", "--s3-model-bytes", "300Mi"]
+    args += ["--max-prefetch", "4", "--max-input-bytes", str(10 * MiB)]
+    args += ["--model-path", "s3://models/m.ubj", "--max-model-bytes", str(300 * MiB)]
     command = [sys.executable, "-m", "sqsinfer", "plan", *args]
     env = {"PATH": "/usr/bin:/bin", "COLUMNS": "200"}
     doc = json.loads(
@@ -215,6 +216,12 @@ def test_plan_prints_the_pod_sizing_of_the_formula() -> None:
     text = subprocess.run(command, capture_output=True, env=env, text=True, check=True).stdout
     for line in pod.explain().values():
         assert line in " ".join(text.split()), line
+    # a pinned prefetch (here from the worker's own variable) sizes by its own count
+    pinned = {**env, "SQSINFER_PREFETCH": "3"}
+    done = subprocess.run(
+        [*command, "--json"], capture_output=True, env=pinned, text=True, check=True
+    )
+    assert json.loads(done.stdout)["sizing"]["shm_mib"] == 3 * 3 * 10 + 64
 
 
 def test_the_docs_give_the_formula_and_its_defaults() -> None:
