@@ -323,7 +323,8 @@ class Kubelet(threading.Thread):
 
     Each probe runs first at its initialDelaySeconds after the container started, then
     every periodSeconds. Liveness and readiness are not acted on until the startup probe
-    passed; the startup probe stops once it did. The container is ready after
+    passed; the startup probe stops once it did, and readiness is probed at once (as the
+    kubelet's prober manager triggers it for a started container). The container is ready after
     successThreshold readiness passes in a row, not ready after failureThreshold failures;
     failureThreshold startup or liveness failures in a row are what would make a kubelet
     kill the container: `failed` says which, and the prober stops.
@@ -334,6 +335,7 @@ class Kubelet(threading.Thread):
         kinds = ("startupProbe", "readinessProbe", "livenessProbe")
         self.probes = {kind: Probe.of(container, kind) for kind in kinds}
         self.started_at = time.monotonic()
+        self.started_wall_s = time.time()
         self.started = threading.Event()
         self.ready = threading.Event()
         self.failed = ""
@@ -363,6 +365,9 @@ class Kubelet(threading.Thread):
             if kind != "startupProbe" and not self.started.is_set():
                 continue
             self._record(kind, self.probes[kind].check())
+            if kind == "startupProbe" and self.started.is_set():
+                # The kubelet probes readiness at once when the container has started.
+                due["readinessProbe"] = time.monotonic() - self.started_at
 
     def _record(self, kind: str, passed: bool) -> None:
         probe = self.probes[kind]
