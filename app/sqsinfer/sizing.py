@@ -17,7 +17,7 @@ MiB, each byte setting rounded up to whole MiB first:
 Why each term:
 
 - /dev/shm holds each in-flight input once, in a segment rounded up to whole MiB
-  (`storage.Segments`), and never more segments than slots; the worker's auto prefetch
+  (`shm.Segments`), and never more segments than slots; the worker's auto prefetch
   never grows past what /dev/shm holds. A memory-backed emptyDir counts against the
   container's memory limit, so it is in `memory` too.
 - Decoding an input costs at most 3 × the decoded array + 8 MiB beyond the input itself
