@@ -87,6 +87,7 @@ class Event(StrEnum):
     SWEPT = "swept what dead workers left"
     CANNOT_SWEEP = "cannot sweep"
     KEPT_SEGMENT_LOST = "kept segment lost its name, replaced"
+    WAITING_FOR_SHM = "input waits for room in /dev/shm"
     # the command
     CANNOT_START = "cannot start"
     # sqsinfer enqueue

@@ -1,5 +1,6 @@
 """What a worker keeps in /dev/shm: its input segments (made, named so that their owner
-can be told, reused between tasks), and the sweep at start-up of what dead workers left.
+can be told, reused between tasks, never more than the tmpfs has room for), and the
+sweep at start-up of what dead workers left.
 
 A worker's input segments are named `sqsinfer-<pid>-<start>-<random>`: the creating
 process's pid and its start time (clock ticks after boot, base 36), so that a pid
@@ -13,6 +14,13 @@ segments whose owner is no longer running. It touches only names of this form, o
 files of this user, and never those of a running process (another worker sharing the
 directory included).
 
+Writing into a mapped segment is where a full tmpfs hurts: `ftruncate` reserves no
+pages, so the page that finds no room raises SIGBUS in the writer, the worker itself.
+A segment therefore gets all its pages when it is made (`posix_fallocate`, which a full
+tmpfs refuses with ENOSPC), and is made only when statvfs shows the room for it; when
+there is none, the input waits for one of this worker's segments to come back, or,
+with none out, its task fails as transient (`SharedMemoryFull`) and is retried.
+
 multiprocessing's own semaphores (`sem.mp-*`) carry nothing that says whose they are,
 so they are not swept: the pool removes their names as soon as its process has opened
 them (pool.py), and leaves none behind to sweep.
@@ -20,7 +28,9 @@ them (pool.py), and leaves none behind to sweep.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import errno
 import functools
 import logging
 import os
@@ -40,6 +50,49 @@ PREFIX = "sqsinfer-"
 _NAME = re.compile(re.escape(PREFIX) + r"(\d+)-([0-9a-z]+)-[0-9a-f]+")
 _DIGITS = "0123456789abcdefghijklmnopqrstuvwxyz"
 _CREATE_ATTEMPTS = 3
+_MIB = 1 << 20
+# Beside the inputs, each inference process's executor keeps five multiprocessing
+# semaphores in /dev/shm, a page each (20 KiB measured): what the bound leaves for them.
+SEMAPHORE_BYTES_PER_PROCESS = 64 << 10
+
+
+def segment_bytes(size: int) -> int:
+    """What the segment of an input of `size` bytes takes: whole MiB (see `Segments`)."""
+    return -(-max(size, 1) // _MIB) * _MIB
+
+
+def mib(size: int) -> str:
+    """Bytes as MiB for a person: '3', or '1.5'."""
+    return f"{size / _MIB:.1f}".removesuffix(".0")
+
+
+@dataclass(frozen=True)
+class Room:
+    total_bytes: int
+    free_bytes: int
+
+
+def room(directory: str = SHM_DIR) -> Room | None:
+    """The tmpfs's size and what is free in it now; None where it cannot be looked at."""
+    try:
+        found = os.statvfs(directory)
+    except OSError:
+        return None
+    return Room(found.f_blocks * found.f_frsize, found.f_bavail * found.f_frsize)
+
+
+class SharedMemoryFull(Exception):
+    """No room in /dev/shm for an input's segment, and none of this worker's segments
+    out to wait for (another container of the pod fills it, or what a dead worker left
+    before the sweep could tell): the task fails as transient and is retried."""
+
+    def __init__(self, wanted_bytes: int, found: Room | None) -> None:
+        text = f"no room in {SHM_DIR} for a segment of {mib(wanted_bytes)} MiB"
+        if found is not None:
+            text += f": {mib(found.free_bytes)} MiB free of {mib(found.total_bytes)} MiB"
+        super().__init__(text)
+        self.wanted_bytes = wanted_bytes
+        self.free_bytes = found.free_bytes if found else 0
 
 
 def _base36(number: int) -> str:
@@ -115,10 +168,11 @@ class Segments:
 
     Creating a segment per task costs more than copying the input into it: the create
     and the unlink each make a round trip to multiprocessing's resource tracker, and
-    every page of a new segment faults in on its first write (about 1.3 ms of CPU per
-    2 MB input here, against 0.2 ms for the copy alone). A segment whose task ended is
-    kept for the next input that fits; sizes are rounded up to whole MiB so inputs of
-    similar size share segments (tmpfs only spends memory on pages written).
+    every page of a new segment is allocated (about 1.3 ms of CPU per 2 MB input here,
+    against 0.2 ms for the copy alone). A segment whose task ended is kept for the next
+    input that fits; sizes are rounded up to whole MiB so inputs of similar size share
+    segments. A new segment is given all its pages at once (`_create`), so that no
+    write into it can meet a full tmpfs, and the in-flight bound counts whole MiB.
 
     Each Storage owns its own (one event loop uses it; nothing here is locked), and
     they go when it does. Segments are named for this process (`new_name`) so that
@@ -127,16 +181,45 @@ class Segments:
     and could not tell, but no inference process can open it any more.
     """
 
-    _ROUND_BYTES = 1 << 20
     MAX_KEPT = 16
     MAX_KEPT_BYTES = 64 << 20
 
     def __init__(self) -> None:
         self._free: list[shared_memory.SharedMemory] = []
+        self._out = 0  # taken and not given back yet
+        self._given_back = asyncio.Event()
         # At collection or at exit, whichever comes first; never referring to self.
         self._finalizer = weakref.finalize(self, _destroy_all, self._free)
 
-    def take(self, size: int) -> shared_memory.SharedMemory:
+    async def take(self, size: int) -> shared_memory.SharedMemory:
+        """A segment of at least `size` bytes. While /dev/shm has no room for it, wait for
+        one of this Storage's segments to come back; with none out, SharedMemoryFull."""
+        waiting = False
+        while True:
+            try:
+                return self.take_now(size)
+            except SharedMemoryFull as exc:
+                if not self._out:
+                    raise
+                if not waiting:
+                    waiting = True
+                    log.warning(
+                        Event.WAITING_FOR_SHM,
+                        extra={
+                            "segment_bytes": exc.wanted_bytes,
+                            "free_bytes": exc.free_bytes,
+                            "segments_out": self._out,
+                        },
+                    )
+            await self._given_back.wait()
+
+    def take_now(self, size: int) -> shared_memory.SharedMemory:
+        """A kept segment that fits, else a new one; SharedMemoryFull when there is no room."""
+        segment = self._kept(size) or self._new(segment_bytes(size))
+        self._out += 1
+        return segment
+
+    def _kept(self, size: int) -> shared_memory.SharedMemory | None:
         while fitting := [shm for shm in self._free if shm.size >= size]:
             best = min(fitting, key=lambda shm: shm.size)
             self._free.remove(best)
@@ -144,29 +227,73 @@ class Segments:
                 return best
             log.warning(Event.KEPT_SEGMENT_LOST, extra={"segment": best.name})
             _destroy(best)
+        return None
+
+    def _new(self, size: int) -> shared_memory.SharedMemory:
         if self._free:
             # Trade a kept segment for the new one, so that segments in use plus kept never
             # outnumber the most ever in use at once (the in-flight bound): /dev/shm is
             # sized for that (processes x prefetch x max input) and must not overflow.
             _destroy(self._free.pop())
-        return _create(-(-max(size, 1) // self._ROUND_BYTES) * self._ROUND_BYTES)
+        while self._free and not _fits(size):
+            _destroy(self._free.pop())  # kept segments make room before the task waits
+        return _create(size)
 
     def give(self, shm: shared_memory.SharedMemory) -> None:
+        self._out -= 1
         if len(self._free) < self.MAX_KEPT and shm.size <= self.MAX_KEPT_BYTES:
             self._free.append(shm)
         else:
             _destroy(shm)
+        self._given_back.set()  # whoever waits for room looks again
+        self._given_back = asyncio.Event()
 
     def clear(self) -> None:
         """Destroy every kept segment (segments in use go when they are given back)."""
         _destroy_all(self._free)
 
 
+def _fits(size: int) -> bool:
+    found = room()
+    return found is None or found.free_bytes >= size
+
+
 def _create(size: int) -> shared_memory.SharedMemory:
+    """A new segment of `size` bytes with all its pages, or SharedMemoryFull."""
+    if not _fits(size):
+        raise SharedMemoryFull(size, room())
+    segment = _named(size)
+    try:
+        _allocate(segment)
+    except BaseException:
+        _destroy(segment)
+        raise
+    return segment
+
+
+def _named(size: int) -> shared_memory.SharedMemory:
     for _ in range(_CREATE_ATTEMPTS - 1):
         with contextlib.suppress(FileExistsError):  # 32 random bits: never, in practice
             return shared_memory.SharedMemory(name=new_name(), create=True, size=size)
     return shared_memory.SharedMemory(name=new_name(), create=True, size=size)
+
+
+def _allocate(segment: shared_memory.SharedMemory) -> None:
+    """Give the segment its pages now. `ftruncate` reserved none: written into later, a
+    page that finds the tmpfs full raises SIGBUS in the writer. `posix_fallocate` fails
+    with ENOSPC instead, before anything is written (checked room can be taken meanwhile
+    by another process)."""
+    if not os.path.isdir(SHM_DIR) or not hasattr(os, "posix_fallocate"):
+        return  # not Linux: nothing to allocate ahead
+    fd = os.open(os.path.join(SHM_DIR, segment.name), os.O_RDWR | os.O_CLOEXEC)
+    try:
+        os.posix_fallocate(fd, 0, segment.size)
+    except OSError as exc:
+        if exc.errno != errno.ENOSPC:
+            raise
+        raise SharedMemoryFull(segment.size, room()) from None
+    finally:
+        os.close(fd)
 
 
 def _destroy(shm: shared_memory.SharedMemory) -> None:
@@ -189,14 +316,25 @@ class SharedInput:
     `size` (segments are reused): readers take `size`.
     """
 
-    def __init__(self, size: int, segments: Segments | None = None) -> None:
+    def __init__(
+        self,
+        size: int,
+        segments: Segments | None = None,
+        segment: shared_memory.SharedMemory | None = None,
+    ) -> None:
         self.size = size
         self._segments = segments if segments is not None else Segments()
-        self._shm: shared_memory.SharedMemory | None = self._segments.take(size)
-        self.name = self._shm.name
-        view = self._shm.buf
+        taken = segment if segment is not None else self._segments.take_now(size)
+        self._shm: shared_memory.SharedMemory | None = taken
+        self.name = taken.name
+        view = taken.buf
         assert view is not None  # a created segment is always mapped
         self._view = view
+
+    @classmethod
+    async def made(cls, size: int, segments: Segments) -> SharedInput:
+        """An input whose segment may have to wait for room (`Segments.take`)."""
+        return cls(size, segments, await segments.take(size))
 
     def write_at(self, offset: int, chunk: bytes) -> None:
         self._view[offset : offset + len(chunk)] = chunk

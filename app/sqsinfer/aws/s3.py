@@ -294,10 +294,12 @@ async def _into_shared(
     uri: S3Uri, size: int, max_bytes: int, chunks: AsyncIterable[Any], segments: Segments
 ) -> SharedInput:
     """The object's body (`chunks`, not read yet) in shared memory, unless it is too large:
-    refused before a byte of it is read or a segment made."""
+    refused before a byte of it is read or a segment made. A full /dev/shm makes it wait
+    for a segment of this worker to come back, or, with none out, fails it as transient
+    (`SharedMemoryFull`): never a write into pages the tmpfs has no room for."""
     if size > max_bytes:
         raise InputError("input_too_large", f"{uri} is {size} bytes, limit {max_bytes}")
-    shared = SharedInput(size, segments)
+    shared = await SharedInput.made(size, segments)
     try:
         await _read_into(chunks, shared)
     except BaseException:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import shutil
 from dataclasses import dataclass
 
 from sqsinfer import config, shm
@@ -83,11 +82,12 @@ class InFlightLimit:
     HEADROOM = 2.0
 
     @classmethod
-    def from_settings(cls, s: config.Settings) -> InFlightLimit:
+    def from_settings(cls, s: config.Settings, shm_dir: str = shm.SHM_DIR) -> InFlightLimit:
         auto = s.prefetch == config.AUTO
         ceiling = most(s.processes, s.prefetch, s.max_prefetch)
-        if auto:
-            ceiling = max(s.processes, min(ceiling, _shm_slots(s.max_input_bytes)))
+        if auto:  # below processes, start-up refuses it (preflight.check_shared_memory)
+            slots = shm_slots(s.max_input_bytes, s.processes, shm_dir)
+            ceiling = max(s.processes, min(ceiling, slots))
         first = starting(s.processes, s.prefetch, s.max_prefetch)
         return cls(s.processes, min(first, ceiling), auto, ceiling)
 
@@ -113,9 +113,17 @@ class InFlightLimit:
         return self.value
 
 
-def _shm_slots(max_input_bytes: int) -> int:
-    """How many inputs of the largest size /dev/shm holds (a large number when unknown)."""
-    try:
-        return max(1, shutil.disk_usage(shm.SHM_DIR).total // max_input_bytes)
-    except OSError:
+def shm_need_bytes(inputs: int, processes: int, max_input_bytes: int) -> int:
+    """The most /dev/shm takes: `inputs` of the largest size, each in a segment of whole
+    MiB, beside the semaphores of the processes' executors."""
+    return inputs * shm.segment_bytes(max_input_bytes) + processes * shm.SEMAPHORE_BYTES_PER_PROCESS
+
+
+def shm_slots(max_input_bytes: int, processes: int, shm_dir: str = shm.SHM_DIR) -> int:
+    """How many inputs of the largest size /dev/shm holds at once (a large number when
+    it cannot be looked at)."""
+    found = shm.room(shm_dir)
+    if found is None:
         return 1 << 30
+    free = found.total_bytes - shm_need_bytes(0, processes, max_input_bytes)
+    return max(0, free // shm.segment_bytes(max_input_bytes))

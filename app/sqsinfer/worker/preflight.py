@@ -18,13 +18,14 @@ from typing import TypeVar
 
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
-from sqsinfer import config
+from sqsinfer import config, shm
 from sqsinfer.aws.session import Clients, error_code, http_status
 from sqsinfer.aws.sqs import SqsQueue
 from sqsinfer.backoff import Backoff
 from sqsinfer.limits import SQS_DEFAULT_MAX_MESSAGE_BYTES
 from sqsinfer.logs import Event
-from sqsinfer.worker import model_source
+from sqsinfer.worker import inflight, model_source
+from sqsinfer.worker.inflight import InFlightLimit
 from sqsinfer.worker.model_source import ModelFile
 
 log = logging.getLogger("sqsinfer.preflight")
@@ -90,6 +91,42 @@ def _diagnose(exc: Exception) -> str:
     return "" if throttled or http_status(exc) >= 500 else "refused"
 
 
+def check_shared_memory(s: config.Settings, shm_dir: str = shm.SHM_DIR) -> None:
+    """Refuse an in-flight bound whose inputs /dev/shm cannot hold all at once.
+
+    Each input in flight is copied into a segment there. The worker never writes into
+    pages the tmpfs has no room for (an input waits, or is retried), but a bound that
+    cannot fit would make that the steady state.
+    """
+    found = shm.room(shm_dir)
+    if found is None:
+        return
+    ceiling = InFlightLimit.from_settings(s, shm_dir).ceiling
+    if inflight.shm_need_bytes(ceiling, s.processes, s.max_input_bytes) > found.total_bytes:
+        raise StartupError(_shm_refusal(s, ceiling, found.total_bytes))
+
+
+def _shm_refusal(s: config.Settings, ceiling: int, total_bytes: int) -> str:
+    env = config.env_name
+    segment = shm.segment_bytes(s.max_input_bytes)
+    if s.prefetch == config.AUTO:  # auto holds what /dev/shm has room for, but one a process
+        what = (
+            f"{env('prefetch')}=auto holds at least one input per process (at most "
+            f"{env('max_prefetch')}={s.max_prefetch}), and that"
+        )
+        per, lower = 1, env("processes")
+    else:
+        what, per, lower = f"{env('prefetch')}={s.prefetch}", int(s.prefetch), env("prefetch")
+    return (
+        f"{what} does not fit /dev/shm with {env('max_input_bytes')}={s.max_input_bytes}: "
+        f"{env('processes')}={s.processes} x {per} in flight, {shm.mib(segment)} MiB a "
+        f"segment, need {shm.mib(ceiling * segment)} MiB (and "
+        f"{shm.SEMAPHORE_BYTES_PER_PROCESS >> 10} KiB a process for semaphores), /dev/shm "
+        f"holds {shm.mib(total_bytes)} MiB; lower {lower} or {env('max_input_bytes')}, or "
+        "give /dev/shm more room (docker run --shm-size, the chart's shm.sizeLimit)"
+    )
+
+
 class Preflight:
     def __init__(
         self, settings: config.Settings, clients: Clients, stopping: asyncio.Event
@@ -100,6 +137,7 @@ class Preflight:
 
     async def run(self) -> Dependencies:
         s = self.settings
+        check_shared_memory(s)
         # A local model is checked first: a wrong pin needs no AWS endpoint to be reported.
         local = None if model_source.is_remote(s.model_path) else await self._local_model()
         queue = SqsQueue(self.clients.sqs, s.queue_url)
