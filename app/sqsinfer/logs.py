@@ -88,6 +88,7 @@ class Event(StrEnum):
     CANNOT_SWEEP = "cannot sweep"
     KEPT_SEGMENT_LOST = "kept segment lost its name, replaced"
     WAITING_FOR_SHM = "input waits for room in /dev/shm"
+    CANNOT_LOCK_SEGMENTS = "cannot lock the owner file of this worker's segments"
     # the command
     CANNOT_START = "cannot start"
     # sqsinfer enqueue

@@ -1,18 +1,25 @@
 """What a worker keeps in /dev/shm: its input segments (made, named so that their owner
-can be told, reused between tasks, never more than the tmpfs has room for), and the
-sweep at start-up of what dead workers left.
+can be told, reused between tasks, never more than the tmpfs has room for), the lock
+that says their owner lives, and the sweep at start-up of what dead workers left.
 
-A worker's input segments are named `sqsinfer-<pid>-<start>-<random>`: the creating
-process's pid and its start time (clock ticks after boot, base 36), so that a pid
-reused by another process does not pass for the owner. That matters in a container: a
-restarted worker is often given the same pid (1, or 7 under an init) as the one killed.
+A worker's input segments are named `sqsinfer-<pid>-<start>-<nonce>-<random>`: the
+creating process's pid, its start time (clock ticks after boot, base 36) and a random
+nonce drawn once per process; the first three are its owner tag. The process holds an
+exclusive `flock` on `sqsinfer.<pid>-<start>-<nonce>.lock` beside them for its whole
+life, made before its first segment. The kernel releases it when the process dies,
+however it dies (a SIGKILL of the whole container included), and a lock is seen alike
+from every pid namespace that shares the directory: two containers of one pod on one
+emptyDir cannot see each other's processes in /proc, but they see each other's locks.
+The nonce keeps two processes apart that got one pid at one tick in two namespaces.
 
 A SIGKILL of the whole worker, resource tracker included, leaves its segments behind,
 and in Kubernetes `/dev/shm` is a memory-backed emptyDir that outlives container
 restarts in the pod, so repeated kills would fill it. `sweep()` at start-up removes the
-segments whose owner is no longer running. It touches only names of this form, only
-files of this user, and never those of a running process (another worker sharing the
-directory included).
+segments whose owner is dead, and the owner's lock file: dead means its lock can be
+taken; where there is no lock file (segments of a version before the locks, or a lock
+removed by hand), the owner's pid and start time are looked up in this namespace's
+/proc, which only tells for a process of this pid namespace. It touches only names of
+these forms and only files of this user.
 
 Writing into a mapped segment is where a full tmpfs hurts: `ftruncate` reserves no
 pages, so the page that finds no room raises SIGBUS in the writer, the worker itself.
@@ -29,8 +36,11 @@ them (pool.py), and leaves none behind to sweep.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
+import dataclasses
 import errno
+import fcntl
 import functools
 import logging
 import os
@@ -47,9 +57,15 @@ log = logging.getLogger("sqsinfer.shm")
 
 SHM_DIR = "/dev/shm"
 PREFIX = "sqsinfer-"
-_NAME = re.compile(re.escape(PREFIX) + r"(\d+)-([0-9a-z]+)-[0-9a-f]+")
+_LOCK_PREFIX, _LOCK_SUFFIX = "sqsinfer.", ".lock"
+# The owner tag after the prefix: pid, start time and, since the locks, the nonce.
+_OWNER = r"(?P<owner>(?P<pid>\d+)-(?P<start>[0-9a-z]+)(?:-[0-9a-f]{8})?)"
+_OWNER_TAG = re.compile(_OWNER)
+_SEGMENT = re.compile(re.escape(PREFIX) + _OWNER + r"-[0-9a-f]+")
+_LOCK = re.compile(re.escape(_LOCK_PREFIX) + _OWNER + re.escape(_LOCK_SUFFIX))
 _DIGITS = "0123456789abcdefghijklmnopqrstuvwxyz"
 _CREATE_ATTEMPTS = 3
+_LOCK_ATTEMPTS = 3
 _MIB = 1 << 20
 # Beside the inputs, each inference process's executor keeps five multiprocessing
 # semaphores in /dev/shm, a page each (20 KiB measured): what the bound leaves for them.
@@ -106,12 +122,55 @@ def _base36(number: int) -> str:
 
 @functools.cache
 def _owner_tag(pid: int) -> str:
-    return f"{PREFIX}{pid}-{_base36(procfs.start_ticks(pid))}"
+    """This process's owner tag, its lock taken first (per pid: a fork makes its own)."""
+    owner = f"{pid}-{_base36(procfs.start_ticks(pid))}-{secrets.token_hex(4)}"
+    _hold_lock(pid, owner)
+    return PREFIX + owner
 
 
 def new_name() -> str:
     """A fresh segment name that says this process made it."""
     return f"{_owner_tag(os.getpid())}-{secrets.token_hex(4)}"
+
+
+def lock_path(owner: str, directory: str = SHM_DIR) -> str:
+    """The lock file of the owner tag `owner` (without the segments' prefix)."""
+    return os.path.join(directory, f"{_LOCK_PREFIX}{owner}{_LOCK_SUFFIX}")
+
+
+def _hold_lock(pid: int, owner: str) -> None:
+    """Lock this process's file beside its segments, for the rest of its life."""
+    if not os.path.isdir(SHM_DIR):
+        return
+    path = lock_path(owner)
+    try:
+        fd = _locked_file(path)
+    except OSError as exc:
+        # Its segments are then judged by pid, as an older version's: right in its own
+        # pid namespace, not from another.
+        log.warning(Event.CANNOT_LOCK_SEGMENTS, extra={"path": path, "error": str(exc)})
+        return
+    atexit.register(_let_go, pid, fd, path)
+
+
+def _locked_file(path: str) -> int:
+    for _ in range(_LOCK_ATTEMPTS):
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX)  # a sweep holding it lets go within moments
+        # A sweep that took it before this process did found no owner alive and removed
+        # it: the lock is then on a file nobody else sees. Make another.
+        if os.fstat(fd).st_nlink:
+            return fd
+        os.close(fd)
+    raise OSError(errno.EAGAIN, "removed by a sweep each time it was made", path)
+
+
+def _let_go(pid: int, fd: int, path: str) -> None:
+    if os.getpid() != pid:  # a forked child runs its parent's exit hooks: not its lock
+        return
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    os.close(fd)
 
 
 def exists(name: str) -> bool:
@@ -125,27 +184,68 @@ def exists(name: str) -> bool:
 class Swept:
     segments: int = 0
     bytes: int = 0
+    locks: int = 0
 
 
 def sweep(directory: str = SHM_DIR) -> Swept:
-    """Remove the segments of workers that are no longer running; one log line if any."""
+    """Remove the segments of workers that are no longer running, and their lock files;
+    one log line if any."""
     if not os.path.isdir(directory):
         return Swept()
-    segments = size = 0
+    owners: dict[str, list[str]] = {}
     for name in sorted(os.listdir(directory)):
-        found = _NAME.fullmatch(name)
-        if found is None or procfs.alive(int(found[1]), int(found[2], 36)):
-            continue
-        removed = _remove(os.path.join(directory, name))
-        if removed is not None:
-            segments, size = segments + 1, size + removed
-    swept = Swept(segments, size)
-    if segments:
+        found = _SEGMENT.fullmatch(name) or _LOCK.fullmatch(name)
+        if found is not None:
+            owned = owners.setdefault(found["owner"], [])
+            if found.re is _SEGMENT:
+                owned.append(name)
+    segments = size = locks = 0
+    for owner, names in owners.items():
+        swept = _sweep_owner(directory, owner, names)
+        segments, size, locks = segments + swept.segments, size + swept.bytes, locks + swept.locks
+    if segments or locks:
         log.info(
             Event.SWEPT,
-            extra={"directory": directory, "segments": segments, "bytes": size},
+            extra={"directory": directory, "segments": segments, "bytes": size, "locks": locks},
         )
-    return swept
+    return Swept(segments, size, locks)
+
+
+def _sweep_owner(directory: str, owner: str, names: list[str]) -> Swept:
+    """One owner's segments and lock file, removed if the owner is dead."""
+    path = lock_path(owner, directory)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:  # no lock: an older version's segments, judged by pid
+        tag = _OWNER_TAG.fullmatch(owner)
+        assert tag is not None  # matched as part of a name
+        alive = procfs.alive(int(tag["pid"]), int(tag["start"], 36))
+        return Swept() if alive else _remove_all(directory, names)
+    except PermissionError:  # another user's
+        return Swept()
+    try:
+        if os.fstat(fd).st_uid != os.getuid() or not _took(fd):
+            return Swept()  # another user's, or its owner lives
+        # Removed while its lock is held: no other sweep judges it meanwhile.
+        swept = _remove_all(directory, names)
+        return dataclasses.replace(swept, locks=int(_remove(path) is not None))
+    finally:
+        os.close(fd)
+
+
+def _took(fd: int) -> bool:
+    """Whether the lock could be taken: its owner is dead (the kernel let go of it)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def _remove_all(directory: str, names: list[str]) -> Swept:
+    sizes = [_remove(os.path.join(directory, name)) for name in names]
+    removed = [size for size in sizes if size is not None]
+    return Swept(len(removed), sum(removed))
 
 
 def _remove(path: str) -> int | None:

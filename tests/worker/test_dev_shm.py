@@ -3,18 +3,22 @@
 The worker copies each input into a segment in /dev/shm. A tmpfs that fills while the
 parent writes into a mapped segment kills it with SIGBUS, so the worker refuses at start
 an in-flight bound whose inputs cannot fit, and never writes into a segment whose pages
-are not already its own. Each test runs real workers on a real small tmpfs (see
-namespaces.py).
+are not already its own. Its start-up sweep removes only what dead workers left, also
+when the live owner is in another pid namespace (a container sharing the pod's /dev/shm).
+Each test runs real workers on a real small tmpfs (see namespaces.py).
 """
 
 from __future__ import annotations
 
 import io
+import os
+import signal
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from sqsinfer import shm
 from sqsinfer.worker import preflight
 from tests.conftest import Stage
 from tests.worker.namespaces import (
@@ -176,3 +180,51 @@ def test_an_input_with_no_room_at_all_is_retried_not_a_crash(stage: Stage, tmp_p
             assert started.stop() == 0
     outcomes = [line["outcome"] for line in started.logged("task finished")]
     assert outcomes == ["retried", "committed"]
+
+
+# -- item: the sweep across pid namespaces ---------------------------------------------------
+def _segments(directory: Path) -> set[str]:
+    return {p.name for p in directory.iterdir() if p.name.startswith(shm.PREFIX)}
+
+
+def _locks(directory: Path) -> set[str]:
+    return {p.name for p in directory.iterdir() if p.name.endswith(".lock")}
+
+
+def test_the_sweep_spares_a_live_worker_in_another_pid_namespace_and_sweeps_it_once_killed(
+    stage: Stage, model_path: str, tmp_path: Path
+):
+    for i in range(2):
+        stage.send({"task_id": f"p{i}", "input": _ones_input(stage, f"p{i}.npy")})
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    with small_tmpfs(tmp_path / "shm", 64) as dev_shm:
+        # The first container: pid 1 of a namespace of its own, sharing the pod's /dev/shm.
+        first_env = _env(stage, model_path, SQSINFER_MAX_INPUT_BYTES=str(INPUT_BYTES))
+        with worker(on_dev_shm(dev_shm, own_pids=True), first_env, logs / "first") as first:
+            first.wait_ready()
+            wait_for(lambda: _outputs(stage) == 2, "the first worker's tasks")
+            kept = _segments(dev_shm)
+            assert kept and all(name.startswith(f"{shm.PREFIX}1-") for name in kept)
+            # The second container starts beside it: it cannot see the first one's pid 1.
+            second_env = _env(stage, model_path, SQSINFER_MAX_INPUT_BYTES=str(INPUT_BYTES))
+            with worker(on_dev_shm(dev_shm), second_env, logs / "second") as second:
+                second.wait_ready()
+                assert second.logged("swept what dead workers left") == []
+                assert _segments(dev_shm) == kept
+                assert second.stop() == 0
+            assert _segments(dev_shm) == kept
+            first_lock = _locks(dev_shm)
+            assert len(first_lock) == 1  # held by the first worker, named for it
+            # The first container killed at once (its pid 1: the kernel kills the rest).
+            os.kill(first.worker_pid(), signal.SIGKILL)
+            first.process.wait(timeout=60)
+        assert _segments(dev_shm) == kept and _locks(dev_shm) == first_lock  # left behind
+        third_env = _env(stage, model_path, SQSINFER_MAX_INPUT_BYTES=str(INPUT_BYTES))
+        with worker(on_dev_shm(dev_shm), third_env, logs / "third") as third:
+            third.wait_ready()
+            assert _segments(dev_shm) == set()
+            assert _locks(dev_shm) == set()
+            (swept,) = third.logged("swept what dead workers left")
+            assert swept["segments"] == len(kept)
+            assert third.stop() == 0

@@ -3,10 +3,13 @@ workers left in /dev/shm is swept."""
 
 from __future__ import annotations
 
+import fcntl
 import gc
 import os
 import subprocess
 import sys
+
+import pytest
 
 from sqsinfer import procfs, shm
 from sqsinfer.aws.s3 import Storage
@@ -68,3 +71,34 @@ def test_the_sweep_removes_only_segments_of_processes_no_longer_running(tmp_path
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         names[k] for k in ("live", "foreign", "unlike")
     )
+
+
+def test_a_lock_beside_the_segments_decides_over_the_pid(tmp_path):
+    """Owners in another pid namespace: their pid here says nothing, their lock does."""
+    dead_pid = int(subprocess.check_output([sys.executable, "-c", "import os; print(os.getpid())"]))
+    me, my_start = os.getpid(), shm._base36(procfs.start_ticks(os.getpid()))
+    # Its pid is dead here, but its owner (elsewhere) holds its lock.
+    held = f"{dead_pid}-{shm._base36(1)}-aaaaaaaa"
+    # Its pid looks alive here (another process of that pid), but nobody holds its lock.
+    let_go = f"{me}-{my_start}-bbbbbbbb"
+    for owner in (held, let_go):
+        (tmp_path / f"sqsinfer-{owner}-0123abcd").write_bytes(b"z" * 10)
+        (tmp_path / f"sqsinfer.{owner}.lock").touch()
+    with open(tmp_path / f"sqsinfer.{held}.lock") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        swept = shm.sweep(str(tmp_path))
+    assert swept == shm.Swept(segments=1, bytes=10, locks=1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        f"sqsinfer-{held}-0123abcd",
+        f"sqsinfer.{held}.lock",
+    ]
+    assert shm.sweep(str(tmp_path)) == shm.Swept(segments=1, bytes=10, locks=1)  # let go now
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_this_process_holds_the_lock_named_like_its_segments():
+    owner = shm.new_name().removeprefix(shm.PREFIX).rsplit("-", 1)[0]
+    path = shm.lock_path(owner)
+    assert os.path.exists(path)
+    with open(path) as lock, pytest.raises(BlockingIOError):
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
