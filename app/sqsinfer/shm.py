@@ -50,7 +50,7 @@ import weakref
 from dataclasses import dataclass
 from multiprocessing import shared_memory
 
-from sqsinfer import procfs
+from sqsinfer import procfs, sizing
 from sqsinfer.logs import Event
 
 log = logging.getLogger("sqsinfer.shm")
@@ -66,7 +66,6 @@ _LOCK = re.compile(re.escape(_LOCK_PREFIX) + _OWNER + re.escape(_LOCK_SUFFIX))
 _DIGITS = "0123456789abcdefghijklmnopqrstuvwxyz"
 _CREATE_ATTEMPTS = 3
 _LOCK_ATTEMPTS = 3
-_MIB = 1 << 20
 # Beside the inputs, each inference process's executor keeps five multiprocessing
 # semaphores in /dev/shm, a page each (20 KiB measured): what the bound leaves for them.
 SEMAPHORE_BYTES_PER_PROCESS = 64 << 10
@@ -74,12 +73,12 @@ SEMAPHORE_BYTES_PER_PROCESS = 64 << 10
 
 def segment_bytes(size: int) -> int:
     """What the segment of an input of `size` bytes takes: whole MiB (see `Segments`)."""
-    return -(-max(size, 1) // _MIB) * _MIB
+    return sizing.mib(max(size, 1)) * sizing.MIB
 
 
-def mib(size: int) -> str:
+def mib_text(size: int) -> str:
     """Bytes as MiB for a person: '3', or '1.5'."""
-    return f"{size / _MIB:.1f}".removesuffix(".0")
+    return f"{size / sizing.MIB:.1f}".removesuffix(".0")
 
 
 @dataclass(frozen=True)
@@ -103,9 +102,9 @@ class SharedMemoryFull(Exception):
     before the sweep could tell): the task fails as transient and is retried."""
 
     def __init__(self, wanted_bytes: int, found: Room | None) -> None:
-        text = f"no room in {SHM_DIR} for a segment of {mib(wanted_bytes)} MiB"
+        text = f"no room in {SHM_DIR} for a segment of {mib_text(wanted_bytes)} MiB"
         if found is not None:
-            text += f": {mib(found.free_bytes)} MiB free of {mib(found.total_bytes)} MiB"
+            text += f": {mib_text(found.free_bytes)} MiB free of {mib_text(found.total_bytes)} MiB"
         super().__init__(text)
         self.wanted_bytes = wanted_bytes
         self.free_bytes = found.free_bytes if found else 0

@@ -119,10 +119,10 @@ def _shm_refusal(s: config.Settings, ceiling: int, total_bytes: int) -> str:
         what, per, lower = f"{env('prefetch')}={s.prefetch}", int(s.prefetch), env("prefetch")
     return (
         f"{what} does not fit /dev/shm with {env('max_input_bytes')}={s.max_input_bytes}: "
-        f"{env('processes')}={s.processes} x {per} in flight, {shm.mib(segment)} MiB a "
-        f"segment, need {shm.mib(ceiling * segment)} MiB (and "
+        f"{env('processes')}={s.processes} x {per} in flight, {shm.mib_text(segment)} MiB a "
+        f"segment, need {shm.mib_text(ceiling * segment)} MiB (and "
         f"{shm.SEMAPHORE_BYTES_PER_PROCESS >> 10} KiB a process for semaphores), /dev/shm "
-        f"holds {shm.mib(total_bytes)} MiB; lower {lower} or {env('max_input_bytes')}, or "
+        f"holds {shm.mib_text(total_bytes)} MiB; lower {lower} or {env('max_input_bytes')}, or "
         "give /dev/shm more room (docker run --shm-size, the chart's shm.sizeLimit)"
     )
 
