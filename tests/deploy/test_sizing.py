@@ -98,7 +98,7 @@ VALUE_SETS: list[dict[str, Any]] = [
         "worker": {"max_decoded_bytes": 32 * MiB, "max_prefetch": 2},
         "model": {"residentMiB": 500},
     },
-    {"shm": {"headroomMiB": 0}, "worker": {"max_input_bytes": 1, "max_prefetch": 1}},
+    {"shm": {"headroomMiB": 1}, "worker": {"max_input_bytes": 1, "max_prefetch": 1}},
 ]
 
 
