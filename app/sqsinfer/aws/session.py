@@ -72,19 +72,13 @@ class Clients:
         """Where the calls go, for the start-up log line."""
         if self.target is None:
             return {}
-        t = self.target
+        t, clients = self.target, {"s3": self.s3, "sqs": self.sqs}
         return {
             "region": t.region,
             "region_from": t.region_from,
-            "endpoints": {
-                service: client.meta.endpoint_url
-                for service, client in (("s3", self.s3), ("sqs", self.sqs))
-            },
+            "endpoints": {service: c.meta.endpoint_url for service, c in clients.items()},
             "endpoints_from": t.endpoints_from,
-            "proxies": {
-                service: endpoints.proxies_of(client)
-                for service, client in (("s3", self.s3), ("sqs", self.sqs))
-            },
+            "proxies": {service: endpoints.proxies_of(c) for service, c in clients.items()},
             "ca_bundle": t.ca_bundle,
             "ca_bundle_from": t.ca_bundle_from,
         }
