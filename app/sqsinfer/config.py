@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import logging
 import os
 import re
@@ -38,6 +39,15 @@ class ConfigError(Exception):
     def __init__(self, name: str, problem: str) -> None:
         self.setting = env_name(name)
         super().__init__(f"{self.setting} (--{name.replace('_', '-')}): {problem}")
+
+
+class AwsConfigError(ConfigError):
+    """A variable of AWS's own configuration (or the AWS config file) that the SDK reads
+    for the worker is invalid, or names what the worker cannot honour; names it."""
+
+    def __init__(self, variable: str, problem: str) -> None:
+        self.setting = variable
+        Exception.__init__(self, f"{variable}: {problem}")
 
 
 def env_name(name: str) -> str:
@@ -162,8 +172,17 @@ class Settings:
     max_decoded_bytes: int = _opt(256 * 2**20, "largest decoded input array", int)
     retry_base_s: float = _opt(5.0, "visibility delay of a first transient failure", float)
     retry_max_s: float = _opt(900.0, "longest visibility delay of a retried message", float)
-    endpoint_url: str = _opt("", "AWS endpoint (a local stand-in such as a moto server)")
-    region: str = _opt("us-east-1", "AWS region")
+    endpoint_url: str = _opt(
+        "",
+        "endpoint of S3 and SQS (a local stand-in such as a moto server); default: "
+        "AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL_SQS, AWS_ENDPOINT_URL, the AWS profile's, "
+        "else AWS's own",
+    )
+    region: str = _opt(
+        "",
+        "AWS region; default: AWS_REGION, then AWS_DEFAULT_REGION, then the AWS profile's; "
+        "one is required",
+    )
     health_host: str = _opt("0.0.0.0", "address of the health and metrics server")
     health_port: int = _opt(8080, "port of /livez /readyz /metrics; 0 picks a free one", int)
     stall_s: float = _opt(
@@ -361,12 +380,25 @@ def _check_logging(s: Settings, _: bool) -> None:
         "must be DEBUG, INFO, WARNING or ERROR",
     )
     _require(s.log_format in ("auto", "json", "console"), "log_format", "json, console or auto")
-    _require(bool(s.region), "region", "is required")
 
 
 _CHECKS = (_check_required, _check_outputs, _check_numbers, _check_logging)
 
 ENV_NAMES: tuple[str, ...] = tuple(env_name(f.name) for f in fields(Settings))
+
+
+def unknown_variables(environ: Mapping[str, str] | None = None) -> list[tuple[str, str]]:
+    """`SQSINFER_*` variables that are no setting, each with the closest setting's name
+    ("" when none is close): a misspelt one would otherwise run on the default, unseen."""
+    environ = os.environ if environ is None else environ
+    found = sorted(n for n in environ if n.startswith(ENV_PREFIX) and n not in ENV_NAMES)
+    # Compared without the prefix they all share, which would make any name look close.
+    tails = [n.removeprefix(ENV_PREFIX) for n in ENV_NAMES]
+    out = []
+    for name in found:
+        close = difflib.get_close_matches(name.removeprefix(ENV_PREFIX), tails, n=1)
+        out.append((name, ENV_PREFIX + close[0] if close else ""))
+    return out
 
 
 def available_cpus() -> int:

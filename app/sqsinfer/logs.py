@@ -83,6 +83,7 @@ class Event(StrEnum):
     CONDITIONAL_PUT_RETRIED = "conditional put again"
     GET_BODY_BROKE_OFF = "GET body broke off, again"
     CONDITIONAL_PUT_CONFLICT = "conditional put conflict"
+    DATA_PATH_ROUTED = "data path reaches bucket"
     # /dev/shm
     SWEPT = "swept what dead workers left"
     CANNOT_SWEEP = "cannot sweep"

@@ -354,6 +354,7 @@ def full_worker_values(tmp_path: Path) -> dict[str, Any]:
         output_prefix="s3://out-bucket/out/",
         allowed_output_prefixes=["s3://out-bucket/"],
         endpoint_url="http://127.0.0.1:5000",
+        region="eu-west-1",
         worker_id="w-1",
         processes=3,
         max_decoded_bytes=300_000_000,
@@ -601,6 +602,39 @@ def test_scaled_object_trigger(
     auth = rendered.one("TriggerAuthentication")
     assert trigger["authenticationRef"]["name"] == auth["metadata"]["name"]
     assert auth["spec"]["podIdentity"] == {"provider": "aws", "identityOwner": "workload"}
+
+
+@pytest.mark.parametrize(
+    ("queue_url", "region"),
+    [
+        ("https://sqs.ap-southeast-2.amazonaws.com/123456789012/q", "ap-southeast-2"),
+        ("https://sqs-fips.us-gov-west-1.amazonaws.com/123456789012/q", "us-gov-west-1"),
+        ("https://sqs.cn-north-1.amazonaws.com.cn/123456789012/q", "cn-north-1"),
+        ("https://eu-central-1.queue.amazonaws.com/123456789012/q", "eu-central-1"),
+    ],
+)
+def test_keda_takes_the_region_from_the_queue_url_when_none_is_set(
+    chart: helm.Chart, queue_url: str, region: str
+) -> None:
+    rendered = render(chart, {"worker": {"queue_url": queue_url}})
+    assert sqs_trigger(rendered)["metadata"]["awsRegion"] == region
+    # The worker resolves its own: the pod's AWS_REGION (EKS injects it), as the SDK does.
+    assert "SQSINFER_REGION" not in rendered.env()
+
+
+def test_keda_takes_the_workers_region_when_set(chart: helm.Chart) -> None:
+    queue_url = "https://sqs.ap-southeast-2.amazonaws.com/123456789012/q"
+    rendered = render(chart, {"worker": {"queue_url": queue_url, "region": "eu-west-1"}})
+    assert sqs_trigger(rendered)["metadata"]["awsRegion"] == "eu-west-1"
+    assert rendered.env()["SQSINFER_REGION"] == "eu-west-1"  # one value for both
+
+
+def test_a_queue_url_that_names_no_region_needs_one_set(chart: helm.Chart) -> None:
+    local = {"queue_url": "http://localstack:4566/000000000000/q"}
+    with pytest.raises(helm.HelmRenderError, match=r"\(localstack\) names none: set worker.region"):
+        render(chart, {"worker": local})
+    rendered = render(chart, {"worker": local | {"region": "eu-west-1"}})
+    assert sqs_trigger(rendered)["metadata"]["awsRegion"] == "eu-west-1"
 
 
 @pytest.mark.parametrize(

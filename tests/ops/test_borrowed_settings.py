@@ -50,7 +50,7 @@ FORMS: dict[str, tuple[str, ...]] = {
     "retry_base_s": ("5.0",),
     "retry_max_s": ("900.0",),
     "endpoint_url": ("{endpoint}",),
-    "region": ("us-east-1",),
+    "region": ("", "us-east-1"),
     "health_host": ("0.0.0.0", "127.0.0.1"),
     "health_port": ("8080", "0"),
     "stall_s": ("120.0",),

@@ -26,7 +26,7 @@ CONTENT_TYPE = "application/x-npy"
 
 async def _storage(endpoint: str, metrics: Metrics) -> AsyncIterator[Storage]:
     async with open_clients("us-east-1", endpoint) as clients:
-        data = DataPath(endpoint, "us-east-1", clients.credentials, metrics.count_call)
+        data = DataPath(clients.route, clients.credentials, metrics.count_call)
         yield Storage(clients.s3, data=data)
 
 

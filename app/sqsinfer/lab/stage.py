@@ -80,7 +80,10 @@ def create_chain(
 
 
 def create_bucket(s3: Any, name: str, *, versioned: bool = False) -> str:
-    s3.create_bucket(Bucket=name)
+    region = s3.meta.region_name
+    # S3 takes a bucket outside us-east-1 only with its region named.
+    where = {} if region == "us-east-1" else {"LocationConstraint": region}
+    s3.create_bucket(Bucket=name, **({"CreateBucketConfiguration": where} if where else {}))
     if versioned:  # an overwrite would then show as a second version
         s3.put_bucket_versioning(Bucket=name, VersioningConfiguration={"Status": "Enabled"})
     return name
@@ -175,6 +178,8 @@ def stage_settings(
     `writes` (both s3:// prefixes), hands on to `next_queue_url` if given."""
     settings = {
         "SQSINFER_ENDPOINT_URL": endpoint,
+        # The stand-in's region, whatever AWS_REGION the shell has (its resources are there).
+        "SQSINFER_REGION": standin.REGION,
         "SQSINFER_QUEUE_URL": queue_url,
         "SQSINFER_MODEL_PATH": model_path,
         "SQSINFER_ALLOWED_INPUT_PREFIXES": reads,

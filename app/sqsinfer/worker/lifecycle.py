@@ -126,7 +126,7 @@ class Worker:
     # -- startup --------------------------------------------------------------------
     async def startup(self, clients: Clients) -> Pipeline:
         s = self.settings
-        log.info(Event.STARTING, extra={"settings": config.describe(s)})
+        log.info(Event.STARTING, extra={"settings": config.describe(s), "aws": clients.describe()})
         for client in (clients.s3, clients.sqs, clients.sqs_single_attempt):
             self.metrics.count_aws_calls(client)
         await asyncio.to_thread(shm.sweep)  # what workers killed before this one left

@@ -311,3 +311,26 @@ the API with --api-versions (Argo CD passes the cluster's own).
 {{- fail (printf "%s is set but the cluster has no %s (%s's CRDs are not installed): install %s, or set %s=false. Rendering offline with helm template? Add --api-versions %s" .value .api .what .what .value .api) }}
 {{- end }}
 {{- end }}
+
+{{/*
+The queue's region, for KEDA: keda.awsRegion, else worker.region, else the region an AWS
+queue URL names in its host (sqs.<region>.amazonaws.com, its FIPS, dual-stack and China
+forms, or the legacy <region>.queue.amazonaws.com). The worker itself, with
+worker.region empty, takes the pod's AWS_REGION: leave it empty only where that is the
+queue's region. A queue URL that names no region (a local stand-in) needs one set: the
+chart stops and says so.
+*/}}
+{{- define "sqsinfer.awsRegion" -}}
+{{- $region := .Values.keda.awsRegion | default .Values.worker.region | default "" }}
+{{- $url := .Values.worker.queue_url | default "" }}
+{{- if and (not $region) $url }}
+{{- $host := (urlParse $url).hostname }}
+{{- range list "^sqs(?:-fips)?\\.([a-z0-9-]+)\\.(?:amazonaws\\.com(?:\\.cn)?|api\\.aws)$" "^([a-z0-9-]+)\\.queue\\.amazonaws\\.com(?:\\.cn)?$" }}
+{{- if and (not $region) (regexMatch . $host) }}{{ $region = regexReplaceAll . $host "${1}" }}{{ end }}
+{{- end }}
+{{- if not $region }}
+{{- fail (printf "KEDA needs the queue's region (keda.awsRegion) and worker.queue_url's host (%s) names none: set worker.region or keda.awsRegion" $host) }}
+{{- end }}
+{{- end }}
+{{- $region }}
+{{- end }}
