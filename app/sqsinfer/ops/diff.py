@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib.util
 import math
 import sys
@@ -45,6 +46,7 @@ from sqsinfer.ops.changes import (
 )
 from sqsinfer.ops.enqueue import in_thread
 from sqsinfer.ops.manifest import (
+    LIST_PAGE_SIZE,
     MANIFEST_FORMATS,
     BadLine,
     Entry,
@@ -291,7 +293,16 @@ async def from_manifest(items: AsyncIterator[Item], a: S3Uri, b: S3Uri) -> Async
 
 async def from_listing(s3: Any, a: S3Uri, b: S3Uri) -> AsyncIterator[Work]:
     """Both prefixes' outputs, merged by relative key (S3 lists in key order)."""
-    left, right = _outputs(s3, a), _outputs(s3, b)
+    async with contextlib.AsyncExitStack() as stack:
+        left = await stack.enter_async_context(_read_ahead(_outputs(s3, a), LIST_PAGE_SIZE))
+        right = await stack.enter_async_context(_read_ahead(_outputs(s3, b), LIST_PAGE_SIZE))
+        async for item in _merged(left, right, a, b):
+            yield item
+
+
+async def _merged(
+    left: AsyncIterator[str], right: AsyncIterator[str], a: S3Uri, b: S3Uri
+) -> AsyncIterator[Work]:
     x, y = await anext(left, None), await anext(right, None)
     index = 0
     while x is not None or y is not None:
@@ -317,6 +328,36 @@ async def _outputs(s3: Any, prefix: S3Uri) -> AsyncIterator[str]:
         last = key
         if formats.for_output(S3Uri(prefix.bucket, key).suffix) is not None:
             yield key[len(prefix.key) :]
+
+
+@contextlib.asynccontextmanager
+async def _read_ahead(items: AsyncIterator[str], depth: int) -> AsyncIterator[AsyncIterator[str]]:
+    """`items`, fetched up to `depth` ahead by a task of their own: a listing's next page
+    is on its way while the last one's pairs are compared, rather than after."""
+    queue: asyncio.Queue[str | BaseException | None] = asyncio.Queue(depth)
+
+    async def fill() -> None:
+        try:
+            async for item in items:
+                await queue.put(item)
+        except Exception as exc:  # raised where the items are read, not in this task
+            await queue.put(exc)
+        else:
+            await queue.put(None)
+
+    async def read() -> AsyncIterator[str]:
+        while (item := await queue.get()) is not None:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    filler = asyncio.create_task(fill())
+    try:
+        yield read()
+    finally:
+        filler.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await filler
 
 
 def _task_id(relative: str) -> str:

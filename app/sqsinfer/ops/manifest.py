@@ -26,7 +26,7 @@ from sqsinfer.ops import common
 MANIFEST_FORMATS = ("jsonl", "csv")
 _CSV_COLUMNS = ("task_id", "input", "output")
 _GLOB_CHARS = "*?["
-_LIST_PAGE_SIZE = 1000
+LIST_PAGE_SIZE = 1000
 
 
 @dataclass(frozen=True)
@@ -284,7 +284,7 @@ async def list_keys(s3: Any, pattern: KeyPattern) -> AsyncIterator[str]:
     pages = paginator.paginate(
         Bucket=pattern.bucket,
         Prefix=pattern.list_prefix,
-        PaginationConfig={"PageSize": _LIST_PAGE_SIZE},
+        PaginationConfig={"PageSize": LIST_PAGE_SIZE},
     )
     async for page in pages:
         for item in page.get("Contents", []):
