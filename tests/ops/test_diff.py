@@ -100,7 +100,7 @@ def _arrays(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
     b = a.copy()
     if n % 6 == 0:
         return a, b  # identical
-    cell = (n % rows, n % 2)
+    cell = (0, 0) if n % 4 == 1 else (n % rows, n % 2)  # some at the zero reference
     b[cell] += np.float32(10.0 ** (-(n % 9)) * (1 + n / 100))
     if n % 5 == 0:
         a[1, 1] = b[1, 1] = np.nan  # missing on both sides: equal
@@ -183,6 +183,7 @@ def _check_figures(doc: dict[str, Any], batch: Batch, threshold: float, top: int
     order = {task_id: i for i, task_id in enumerate(batch.order)}
     expected = {task_id: _expected(a, b) for task_id, (a, b) in batch.pairs.items()}
     assert doc["compared"] == len(expected)
+    assert max(e[1] for e in expected.values()) > 1e3  # a change at a zero reference: ÷ EPS
     assert doc["identical"] == sum(1 for e in expected.values() if e[0] == 0 and e[2] == 0)
     assert doc["nan_mismatch_tasks"] == sum(1 for e in expected.values() if e[2]) > 0
     beyond = [t for t, e in expected.items() if e[0] > threshold or e[2]]
@@ -287,7 +288,7 @@ def test_the_table_shows_what_the_json_says(batch, capsys):
     for name, value in rows.items():
         assert re.search(rf"^ *{re.escape(name)} +{value} *$", out, re.MULTILINE), name
     for key, name in (("max_abs", "max |a-b|"), ("max_rel", "max relative")):
-        figures = " +".join(f"{doc[key][q]:.4g}" for q in ("p50", "p90", "p99", "max"))
+        figures = " +".join(re.escape(f"{doc[key][q]:.4g}") for q in ("p50", "p90", "p99", "max"))
         assert re.search(rf"^ *{re.escape(name)} +{figures} *$", out, re.MULTILINE), name
     listed = re.findall(r"^ *(user-\d+) +[\d.e+-]+ +", out, re.MULTILINE)
     assert listed == [t["task_id"] for t in doc["top"]]
@@ -344,6 +345,13 @@ def test_no_such_bucket_stops_the_run(stage, tmp_path, capsys):
     code, _, err = _run(capsys, *argv, "--endpoint-url", stage.endpoint)
     assert code == 1
     assert "cannot read s3://no-such-bucket-here/a/t.npy" in err and "NoSuchBucket" in err
+
+
+def test_a_listing_that_fails_stops_the_run(stage, capsys):
+    argv = ["s3://no-such-bucket-here/a/", f"s3://{stage.bucket}/b/", "--listing"]
+    code, _, err = _run(capsys, *argv, "--endpoint-url", stage.endpoint)
+    assert code == 1
+    assert "NoSuchBucket" in err
 
 
 # -- the sketch, on its own ------------------------------------------------------------------
