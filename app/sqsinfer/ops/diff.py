@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import IO, Any
 
+import aiohttp
 import numpy as np
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -65,6 +66,8 @@ _INLINE_BYTES = 1 << 18
 # Throttling answers are 503 (SlowDown), retried by the SDK; any other 4xx but a missing
 # key is a refusal of every GET alike (no such bucket, access denied): the run stops.
 _THROTTLING = frozenset({"SlowDown", "ThrottlingException", "RequestThrottled", "Throttling"})
+# What a GET that got no answer, or whose body broke off, raises (the SDK's, aiohttp's).
+_BROKEN = (BotoCoreError, aiohttp.ClientError, OSError)
 
 EPILOG = f"""\
 Tasks come from a manifest (what sqsinfer enqueue reads: JSONL messages or CSV): each
@@ -231,7 +234,7 @@ class Differ:
             if 400 <= http_status(exc) < 500 and error_code(exc) not in _THROTTLING:
                 raise DiffError(f"cannot read {uri}: {exc}") from None
             return f"GET failed: {error_code(exc) or exc}"
-        except (BotoCoreError, OSError) as exc:
+        except _BROKEN as exc:
             return f"GET failed: {type(exc).__name__}: {exc}"
         async with response["Body"] as body:
             size = int(response["ContentLength"])
@@ -239,7 +242,7 @@ class Differ:
                 return f"{size} bytes, more than max_input_bytes ({self.limits.max_object_bytes})"
             try:
                 data: bytes = await body.read()
-            except (BotoCoreError, OSError) as exc:
+            except _BROKEN as exc:  # the body broke off half-way
                 return f"GET failed: {type(exc).__name__}: {exc}"
         return data
 
@@ -270,7 +273,7 @@ def decode(uri: S3Uri, data: bytes, max_decoded_bytes: int) -> np.ndarray:
 
 # -- where the pairs come from ----------------------------------------------------------
 def counterpart(uri: S3Uri, a: S3Uri, b: S3Uri) -> S3Uri:
-    """The key under `b` that `uri` (under `a`) has under `a`."""
+    """The object under `b` at the key `uri` has relative to `a`."""
     return S3Uri(b.bucket, b.key + uri.key[len(a.key) :])
 
 
@@ -543,13 +546,24 @@ def add_parser(sub: Any) -> None:
         "--listing", action="store_true", help="no manifest: pair the outputs listed under both"
     )
     p.add_argument(
-        "--threshold", type=_non_negative, help="exit 1 when a task's max |a-b| passes it"
+        "--threshold",
+        metavar="X",
+        type=_non_negative,
+        help="exit 1 when a task's max |a-b| passes it",
     )
     p.add_argument(
-        "--top", type=common.parse_count, default=10, help="tasks of largest change listed (10)"
+        "--top",
+        metavar="K",
+        type=common.parse_count,
+        default=10,
+        help="tasks of largest change listed (10)",
     )
     p.add_argument(
-        "--concurrency", type=common.positive_int, default=16, help="tasks compared at once (16)"
+        "--concurrency",
+        metavar="N",
+        type=common.positive_int,
+        default=16,
+        help="tasks compared at once (16)",
     )
     p.add_argument("--json", action="store_true", help="the report as JSON on stdout")
     p.add_argument("--plot", metavar="PNG", help="write a histogram of the changes (matplotlib)")
