@@ -12,7 +12,7 @@ of the worker's own, measured). `python -m sqsinfer.lab.standin` starts moto's s
 speaking HTTP/1.1 with keep-alive instead, for every command and test alike, and with
 its SQS calls and object writes made atomic (`make_atomic`), as AWS's are. Its S3 sends
 a bucket's event notifications (to SQS directly, through SNS, or to EventBridge's rules)
-as AWS does, version ids included (`name_versions_in_events`).
+as AWS does, version ids and delete markers included (`send_events_as_aws_does`).
 """
 
 from __future__ import annotations
@@ -262,7 +262,7 @@ def serve(argv: list[str]) -> None:
     os.environ.setdefault("MOTO_PORT", str(args.port))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     make_atomic()
-    name_versions_in_events()
+    send_events_as_aws_does()
     app = DomainDispatcherApplication(create_backend_app)
     run_simple(args.host, args.port, app, threaded=True, request_handler=_keep_alive_handler())
 
@@ -313,15 +313,20 @@ def make_atomic() -> None:
         setattr(S3Response, name, under(s3_writes, getattr(S3Response, name)))
 
 
-def name_versions_in_events() -> None:
-    """Put the object's version id in each record of moto's S3 event notifications, as
-    AWS does for a versioned bucket (moto leaves it out; its EventBridge events have it).
+def send_events_as_aws_does() -> None:
+    """Make moto's S3 event notifications what AWS sends: each record names the object's
+    version id in a versioned bucket (moto leaves it out; its EventBridge events have it),
+    and a delete that leaves a delete marker sends `ObjectRemoved:DeleteMarkerCreated`
+    (moto sends nothing).
 
-    The notification goes out from within the PUT, under the lock on object writes, to
+    A notification goes out from within the S3 call, under the lock on object writes, to
     SQS's backend (under its lock) directly or through SNS or EventBridge: SQS's calls
     never wait for an S3 write, so the two locks are always taken in that one order.
     """
+    import types
+
     from moto.s3 import notifications
+    from moto.s3.models import S3Backend
 
     made = notifications._get_s3_event
 
@@ -333,7 +338,18 @@ def name_versions_in_events() -> None:
                 record["s3"]["object"]["versionId"] = version
         return body
 
+    set_marker = S3Backend._set_delete_marker
+
+    def marker_with_event(self: Any, bucket_name: str, key_name: str) -> Any:
+        marker = set_marker(self, bucket_name, key_name)
+        # What the event describes: the marker (no content: no ETag, no size).
+        named = types.SimpleNamespace(name=key_name, etag="", size=0, version_id=marker.version_id)
+        removed = notifications.S3NotificationEvent.OBJECT_REMOVED_DELETE_MARKER_CREATED_EVENT
+        notifications.send_event(self.account_id, removed, self.get_bucket(bucket_name), named)
+        return marker
+
     notifications._get_s3_event = with_version
+    S3Backend._set_delete_marker = marker_with_event  # type: ignore[method-assign]
 
 
 if __name__ == "__main__":
