@@ -152,14 +152,14 @@ def prepare(endpoint: str, config: ChaosConfig) -> tuple[Workload, dict[str, str
         work.bodies.append(work.add_valid(s3, task_id, rows))
     for i in range(config.tasks):
         rows = synthetic.make_rows(config.rows, FEATURES, seed=config.seed * 100_000 + i)
-        if config.s3_events:
+        if config.s3_events:  # an upload; the relay sends some of its events twice
             _add_upload(work, rng, config, i, rows)
-            continue
-        body = work.add_valid(s3, f"task-{i:05d}", rows)
-        work.bodies.append(body)
-        if rng.random() < config.duplicate_rate:  # sent twice, side by side: taken at once
+        else:
+            body = work.add_valid(s3, f"task-{i:05d}", rows)
             work.bodies.append(body)
-            work.duplicates += 1
+            if rng.random() < config.duplicate_rate:  # sent twice, side by side: taken at once
+                work.bodies.append(body)
+                work.duplicates += 1
         if rng.random() < config.poison_rate:
             poison, reason = _poison(s3, len(work.poison))
             work.poison[poison] = reason
