@@ -201,6 +201,7 @@ class Pipeline:
         held.release_slot()
         outcome = held.final(outcome)
         self._record(held, outcome)
+        self._ended(held)
         return outcome
 
     async def _process(self, held: Held) -> Outcome:
@@ -447,6 +448,18 @@ class Pipeline:
             "message_id": held.message.message_id,
             "receive_count": held.message.receive_count,
         }
+
+    def _ended(self, held: Held) -> None:
+        """Tell the linker this delivery has ended, once its send (if one is still under
+        way after a cancel) has too: a link it left unsent may then be taken over at once."""
+        linker = self.linker
+        if linker is None:
+            return
+        under_way = held.under_way[0] if held.under_way is not None else None
+        if under_way is not None and not under_way.done():
+            under_way.add_done_callback(lambda _: linker.ended(held.delivery_id))
+        else:
+            linker.ended(held.delivery_id)
 
     def _record(self, held: Held, outcome: Outcome) -> None:
         elapsed = time.monotonic() - held.message.received_at
