@@ -18,7 +18,7 @@ from tests.conftest import (
     running,
     sample,
 )
-from tests.handlers import KILL, PREDICTIONS_FILE_ENV
+from tests.handlers import EXIT, KILL, PANIC, PREDICTIONS_FILE_ENV
 from tests.worker.test_lifecycle import _input, _scripted
 
 
@@ -37,6 +37,30 @@ def _squat(stage: Stage, task_id: str, owner: str | None) -> None:
     metadata = {"task-id": owner} if owner else {}
     key = f"out/{task_id}.npy"
     stage.s3.put_object(Bucket=stage.bucket, Key=key, Body=b"squatted", Metadata=metadata)
+
+
+# -- item: every message ends in an outcome, whatever its task raised ------------------------
+
+
+@pytest.mark.parametrize(
+    ("instruction", "named"), [(PANIC, "NativePanic"), (EXIT, "SystemExit")], ids=["panic", "exit"]
+)
+async def test_a_task_that_raises_no_exception_is_retried_with_an_outcome(
+    stage: Stage, make_settings, instruction: float, named: str
+):
+    """A BaseException that is no Exception reaches the worker's task: a native panic
+    (pyo3's PanicException, from obstore in the worker itself, or here from a model) ends
+    the task as a transient failure; a handler's sys.exit() does not stop the worker."""
+    stage.send({"task_id": "odd", "input": _input(stage, "odd.npy", first_cell=instruction)})
+    async with running(_scripted(make_settings, retry_base_s=1)) as worker:
+        await eventually(lambda: stage.counts(stage.dlq_url)[0] == 1, timeout_s=60)
+        await eventually(lambda: outcome_count(worker, "rejected") == 1)
+        assert worker.pool.usable
+    [(_, reason, detail)] = _dead(stage)
+    assert reason == "retries_exhausted"
+    assert named in detail
+    assert worker.metrics.outcomes == {"retried": MAX_RECEIVE_COUNT - 1, "rejected": 1}
+    assert stage.counts(stage.queue_url) == (0, 0)
 
 
 # -- item: every message that ends in the DLQ carries a reason ------------------------------

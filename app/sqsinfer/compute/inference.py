@@ -257,13 +257,17 @@ def run_task(
     whole = shm.buf
     assert whole is not None
     buf = whole[:size]
-    failure: Exception | None = None
+    failure: BaseException | None = None
     try:
         result = _compute(buf, input_format, output_format, options)
     except InputError as exc:
         failure = InputError(exc.reason, exc.detail)
-    except Exception as exc:  # a handler bug: report it without its frames
+    except (Exception, SystemExit, KeyboardInterrupt) as exc:  # a handler bug, without its frames
+        # A handler's sys.exit() or a stray KeyboardInterrupt, raised again in the worker,
+        # would stop its event loop and every message it holds: here it is one failed task.
         failure = RuntimeError(f"{type(exc).__name__}: {exc}")
+    except BaseException as exc:  # a native extension's panic: the worker retries the task
+        failure = exc.with_traceback(None)
     try:
         buf.release()
         whole.release()

@@ -53,6 +53,8 @@ OUTPUT_CONFLICT = "output_conflict"
 # A cancelled task waits this long for a step already under way whose effect cannot be
 # undone (a DLQ copy, a next-stage send): the message is then deleted, not released.
 _UNDER_WAY_WAIT_S = 3.0
+# What a task never treats as its own failure: a cancel, and what stops the process.
+NOT_TASK_FAILURES = (asyncio.CancelledError, KeyboardInterrupt, SystemExit, GeneratorExit)
 
 
 class Step(StrEnum):
@@ -211,7 +213,12 @@ class Pipeline:
                 return await self._run(held, held.task)
             except InputError as exc:
                 return await self._reject(held, exc.reason, exc.detail)
-        except Exception as exc:  # transient by default: bounded by the redrive policy
+        except BaseException as exc:  # transient by default: bounded by the redrive policy
+            # Not only Exception: a native extension's panic (pyo3's PanicException, from
+            # obstore) is a BaseException, and must end in an outcome like any failure.
+            # Only what asks the task or the process to stop goes on.
+            if isinstance(exc, NOT_TASK_FAILURES):
+                raise
             code = exc.code if isinstance(exc, LinkNotSent) else error_code(exc)
             held.reason = code or type(exc).__name__
             log.warning(Event.TASK_FAILED, extra=self._ids(held) | {"error": str(exc)})
