@@ -215,13 +215,16 @@ class Worker:
         return max(0, min(self.limit.value - self.working(), cap - len(self.held)))
 
     def _start(self, pipeline: Pipeline, message: Message) -> None:
-        held = Held(message, on_release=self._released)
+        held = Held(message, on_release=self._released, on_take=self._taken)
         task = asyncio.create_task(pipeline.handle(held), name=f"message-{message.message_id}")
         self.held[task] = held
         assert self.keeper is not None  # made by startup
         self.keeper.add(message)
         self.metrics.in_flight.set(self.working())
         task.add_done_callback(self._finished)
+
+    def _taken(self, held: Held) -> None:
+        self.metrics.in_flight.set(self.working())
 
     def _released(self, held: Held) -> None:
         """A message gave its slot back: refill it, and learn from its times."""

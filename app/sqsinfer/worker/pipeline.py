@@ -96,8 +96,10 @@ class Held:
     wrote: bool = False  # this delivery's conditional put of the output stood
     # A step whose effect outlives a cancel, and the outcome the message has once it is done.
     under_way: tuple[asyncio.Future[Any], Outcome] | None = None
-    # The worker's: told once the message gives its slot back (`release_slot`).
+    # The worker's: told once the message gives its slot back (`release_slot`), and when
+    # it takes one again (`take_slot`).
     on_release: Callable[[Held], None] | None = field(default=None, repr=False)
+    on_take: Callable[[Held], None] | None = field(default=None, repr=False)
     slot_released: bool = False
 
     def release_slot(self) -> None:
@@ -107,6 +109,15 @@ class Held:
             self.slot_released = True
             if self.on_release is not None:
                 self.on_release(self)
+
+    def take_slot(self) -> None:
+        """Hold a slot again after giving it back to wait (`Step.WAITING_OUTPUT`). The
+        count may pass the limit for a while: the worker receives nothing until it is
+        back under it."""
+        if self.slot_released:
+            self.slot_released = False
+            if self.on_take is not None:
+                self.on_take(self)
 
     def compute_s(self) -> float | None:
         """Seconds an inference process spent on this message (None: it computed nothing)."""
@@ -227,8 +238,14 @@ class Pipeline:
     async def _run(self, held: Held, task: Task) -> Outcome:
         waited = self.outputs.busy(task.output)
         if waited:
+            # Waiting needs neither its input nor a process: the slot goes to another
+            # message meanwhile, and is taken again (above the limit for a while, if
+            # need be) once the output is this message's to look at.
             held.step = Step.WAITING_OUTPUT
+            held.release_slot()
         async with self.outputs.hold(task.output):
+            if waited:
+                held.take_slot()
             return await self._run_alone(held, task, look_first=waited or self._redelivered(held))
 
     def _redelivered(self, held: Held) -> bool:
