@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -108,3 +111,63 @@ def test_a_model_in_s3_needs_a_pin(make_settings) -> None:
 def test_a_malformed_model_uri_is_named(make_settings) -> None:
     with pytest.raises(ConfigError, match=r"^SQSINFER_MODEL_PATH "):
         make_settings(model_path="s3://UPPER/m.ubj", model_sha256="ab" * 32)
+
+
+# -- a pinned model's memory at load --------------------------------------------------------
+_PEAK_OF_LOADING = """
+import sys
+import xgboost  # the library's own pages are not the model's
+from sqsinfer.compute import inference
+
+def kib(key):
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith(key))
+
+path, sha = sys.argv[1], sys.argv[2]
+before = kib("VmHWM:")
+inference.init_process("xgboost", path, 1, sha, 1 << 28)
+print(kib("VmHWM:") - before)
+"""
+
+
+def _large_model(model_path: str, target: Path, copies: int) -> Path:
+    """A Booster many times the size of the small one, by repeating its trees."""
+    import xgboost
+
+    booster = xgboost.Booster()
+    booster.load_model(model_path)
+    doc = json.loads(booster.save_raw("json"))
+    model = doc["learner"]["gradient_booster"]["model"]
+    trees = [
+        dict(tree, id=i) for i, tree in enumerate(t for _ in range(copies) for t in model["trees"])
+    ]
+    model["trees"] = trees
+    model["tree_info"] = model["tree_info"] * copies
+    model["gbtree_model_param"]["num_trees"] = str(len(trees))
+    model["iteration_indptr"] = list(range(len(trees) + 1))
+    big = xgboost.Booster()
+    big.load_model(bytearray(json.dumps(doc).encode()))
+    big.save_model(str(target))
+    return target
+
+
+def _peak_kib(path: Path, sha: str) -> int:
+    found = subprocess.run(
+        [sys.executable, "-c", _PEAK_OF_LOADING, str(path), sha],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    return int(found.stdout.strip())
+
+
+def test_a_pinned_model_is_in_memory_once_while_it_loads(model_path: str, tmp_path: Path) -> None:
+    """Reading the bytes to hash them must not cost a second copy for the library: the
+    peak of a pinned load is that of a load by path (the library reading the file)."""
+    big = _large_model(model_path, tmp_path / "big.ubj", copies=2000)
+    size_kib = big.stat().st_size // 1024
+    assert size_kib > 20 * 1024  # large enough to tell a copy from the noise
+    sha = hashlib.sha256(big.read_bytes()).hexdigest()
+    by_path, pinned = _peak_kib(big, ""), _peak_kib(big, sha)
+    assert pinned < by_path + size_kib // 2, (pinned, by_path, size_kib)
