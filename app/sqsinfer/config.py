@@ -28,6 +28,9 @@ ENV_PREFIX = "SQSINFER_"
 # then tasks still running are cancelled and their messages released within this long.
 COMMIT_GRACE_S = 10.0
 FORCED_RELEASE_S = 5.0
+# The long poll pending at SIGTERM is let end (its messages are then released): within
+# wait_time_s, and this long for its answer to arrive.
+LAST_RECEIVE_GRACE_S = 5.0
 _MODEL_DIR = "sqsinfer-model"
 _DRAIN_MARGIN_S = 10.0  # the derived drain: a task started just before SIGTERM, and its commit
 
@@ -181,8 +184,13 @@ class Settings:
 
     @property
     def shutdown_budget_s(self) -> float:
-        """The longest a worker takes from SIGTERM to exit: the pod's grace must exceed it."""
-        return self.drain_deadline_s + COMMIT_GRACE_S + FORCED_RELEASE_S
+        """The longest a worker takes from SIGTERM to exit: the pod's grace must exceed it.
+
+        The drain and the end of the pending long poll run side by side; whichever ends
+        later starts the commit grace and the forced release.
+        """
+        last_receive_s = self.wait_time_s + LAST_RECEIVE_GRACE_S
+        return max(self.drain_deadline_s, last_receive_s) + COMMIT_GRACE_S + FORCED_RELEASE_S
 
     # -- construction ---------------------------------------------------------------
     @classmethod

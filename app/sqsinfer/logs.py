@@ -40,6 +40,8 @@ class Event(StrEnum):
     DRAINING = "draining"
     STOPPED = "stopped"
     DRAIN_DEADLINE_PASSED = "drain deadline passed, releasing"
+    LAST_RECEIVE_RELEASED = "released what the last receive brought"
+    LAST_RECEIVE_ABANDONED = "last receive abandoned"
     # one message's outcome and its steps
     TASK_FAILED = "task failed, will retry"
     DELETE_FAILED = "delete failed"

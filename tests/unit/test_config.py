@@ -151,3 +151,13 @@ def test_the_drain_is_derived_from_the_task_time_when_unset(env):
     assert settings.drain_deadline_s == 55.0
     assert settings.shutdown_budget_s == 55.0 + config.COMMIT_GRACE_S + config.FORCED_RELEASE_S
     assert Settings.load(env | {"SQSINFER_DRAIN_DEADLINE_S": "80"}).drain_deadline_s == 80.0
+
+
+def test_the_shutdown_budget_counts_the_last_long_poll(env):
+    """A short drain ends before the long poll out at SIGTERM, which is let end: the
+    budget runs from the later of the two."""
+    short = Settings.load(env | {"SQSINFER_TASK_TIME_S": "1"})  # drain 11 s, wait 20 s
+    after = short.wait_time_s + config.LAST_RECEIVE_GRACE_S
+    assert short.shutdown_budget_s == after + config.COMMIT_GRACE_S + config.FORCED_RELEASE_S
+    quick = Settings.load(env | {"SQSINFER_TASK_TIME_S": "1", "SQSINFER_WAIT_TIME_S": "2"})
+    assert quick.shutdown_budget_s == 11.0 + config.COMMIT_GRACE_S + config.FORCED_RELEASE_S

@@ -57,6 +57,10 @@ _UNDER_WAY_WAIT_S = 3.0
 NOT_TASK_FAILURES = (asyncio.CancelledError, KeyboardInterrupt, SystemExit, GeneratorExit)
 
 
+async def _no_receive_pending() -> None:
+    """The default `Pipeline.receive_ended`: no receive of its own to wait for."""
+
+
 class Step(StrEnum):
     """How far a held message's task has come (the worker's shutdown reads it)."""
 
@@ -70,15 +74,19 @@ class Step(StrEnum):
     LINK_WAIT = "link_wait"  # for another delivery's chain link (released freely)
     LINKING = "linking"  # owns the chain link: sending the next stage's message
     REJECTING = "rejecting"  # copying the message to the DLQ
+    RELEASING = "releasing"  # cancelled: handing its message back (visibility 0)
     SETTLED = "settled"  # its outcome is decided and its message handed back or deleted
 
 
 # Steps after which shutdown lets a task finish instead of releasing its message.
 STARTED_STEPS = frozenset(
-    {Step.COMPUTING, Step.COMMITTING, Step.LINKING, Step.REJECTING, Step.SETTLED}
+    {Step.COMPUTING, Step.COMMITTING, Step.LINKING, Step.REJECTING, Step.RELEASING, Step.SETTLED}
 )
-# Steps short and worth landing even after the drain deadline (the commit grace).
-FINISHING_STEPS = frozenset({Step.COMMITTING, Step.LINKING, Step.REJECTING, Step.SETTLED})
+# Steps short and worth landing even after the drain deadline (the commit grace). A
+# message being handed back is one: cancelling it again would leave it held.
+FINISHING_STEPS = frozenset(
+    {Step.COMMITTING, Step.LINKING, Step.REJECTING, Step.RELEASING, Step.SETTLED}
+)
 
 
 @dataclass(eq=False)
@@ -101,6 +109,7 @@ class Held:
     on_release: Callable[[Held], None] | None = field(default=None, repr=False)
     on_take: Callable[[Held], None] | None = field(default=None, repr=False)
     slot_released: bool = False
+    releasing: bool = False  # the worker cancelled it to hand its message back
 
     def release_slot(self) -> None:
         """The input is no longer needed and the outcome decided: what is left (the chain
@@ -195,6 +204,9 @@ class Pipeline:
     model_sha256: str
     max_receive_count: int | None = None  # the queue's redrive policy; None: retried forever
     outputs: OutputLocks = field(default_factory=OutputLocks)
+    # The worker's: returns once the receive it has pending now (if any) has ended. A
+    # hand-back waits for it (see `_hand_back`).
+    receive_ended: Callable[[], Awaitable[None]] = _no_receive_pending
 
     def __post_init__(self) -> None:
         self.linker = (
@@ -441,6 +453,21 @@ class Pipeline:
             held.reason = "max_task_time"
             detail = f"over max_task_time_s ({self.settings.max_task_time_s:g} s)"
             return await self._retry(held, detail)
+        return await self._hand_back(held)
+
+    async def release(self, held: Held) -> Outcome:
+        """Hand back a message whose work never started (one the worker's last receive
+        brought in after shutdown began), and record its outcome."""
+        outcome = await self._hand_back(held)
+        self._record(held, outcome)
+        return outcome
+
+    async def _hand_back(self, held: Held) -> Outcome:
+        """Visibility 0, once the worker's own pending receive has ended: a long poll
+        still open at SQS would take the message straight back, hide it for a whole
+        visibility timeout and spend one of its receives."""
+        held.step = Step.RELEASING
+        await self.receive_ended()
         try:
             await self.queue.set_visibility(held.message, 0)
         except Exception as exc:  # it becomes visible again when its timeout lapses
