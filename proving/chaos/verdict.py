@@ -259,6 +259,7 @@ _RELEASING = frozenset(
         Event.DRAINING,
         Event.DRAIN_DEADLINE_PASSED,
         Event.LAST_RECEIVE_RELEASED,
+        Event.RECEIVING_PAUSED,
     }
 )
 _NOT_EXTENDED = Event.VISIBILITY_NOT_EXTENDED

@@ -18,6 +18,10 @@ included (each then hidden for a visibility timeout, one receive spent). Every r
 (visibility 0) waits until the worker's pending receive has ended, and shutdown releases
 what that receive brought; it ends within `wait_time_s`, which the shutdown budget
 counts. A second signal abandons it.
+
+When no inference process can start (every slot lost and its restart refused), the
+worker stops receiving, releases the messages still waiting for a process, and fails
+/readyz at once; it receives again once a process is back.
 """
 
 from __future__ import annotations
@@ -85,6 +89,8 @@ class Worker:
         self.limit = InFlightLimit.from_settings(settings)
         self.metrics.in_flight_limit.set(self.limit.value)
         self.metrics.child_rss.pids = self.pool.pids
+        self.pool.on_change = self._pool_changed
+        self.paused = False  # receiving stopped: no inference process can start
         self._wake = asyncio.Event()
         self._exit_requested = asyncio.Event()
         self._forced = asyncio.Event()
@@ -178,6 +184,11 @@ class Worker:
         failures = 0
         while not self.should_exit:
             self.last_progress = time.monotonic()
+            if self.pool.stalled:  # nothing received could be computed: leave it to others
+                self._pause()
+                await self._wait_for_wake(_IDLE_TICK_S)
+                continue
+            self._resume()
             room = self.room()
             if room < self.limit.receive_batch:
                 await self._wait_for_wake(_IDLE_TICK_S)
@@ -292,6 +303,38 @@ class Worker:
             # would end without reaching the code that hands its message back.
             loop.call_soon(task.cancel)
 
+    def _waiting_for_process(self) -> list[asyncio.Task[Outcome]]:
+        """Held messages whose work has not started, but for a link being waited on (it
+        needs no process)."""
+        return [
+            task
+            for task, held in self.held.items()
+            if not held.started and not held.releasing and held.step != Step.LINK_WAIT
+        ]
+
+    def _pool_changed(self) -> None:
+        """The pool lost a process or got one back: act on a stall at once, whatever
+        the main loop is waiting on."""
+        if self.pool.stalled and self.ready and not self.draining:
+            self._pause()
+        self._wake.set()
+
+    def _pause(self) -> None:
+        """No process can start: hand back what waits for one (other pods take it)."""
+        waiting = self._waiting_for_process()
+        if not self.paused:
+            self.paused = True
+            log.warning(
+                Event.RECEIVING_PAUSED,
+                extra={"releasing": len(waiting), "error": self.pool.last_error},
+            )
+        self._release(waiting)
+
+    def _resume(self) -> None:
+        if self.paused:
+            self.paused = False
+            log.info(Event.RECEIVING_RESUMED, extra={"processes": self.pool.ready_count})
+
     async def _wait_for_wake(self, timeout_s: float) -> None:
         self._wake.clear()
         with contextlib.suppress(asyncio.TimeoutError):
@@ -397,6 +440,8 @@ class Worker:
             return False, "draining"
         if not self.ready:
             return False, "starting"
+        if self.pool.stalled:
+            return False, f"no inference process can start: {self.pool.last_error}"
         if not self.last_receive_ok:
             return False, "last receive failed"
         return True, ""
