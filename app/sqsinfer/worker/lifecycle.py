@@ -368,10 +368,13 @@ class Worker:
         deadline = time.monotonic() + self.settings.drain_deadline_s
         while self.held and not self.force_exit and time.monotonic() < deadline:
             await self._wait_for_wake(min(_IDLE_TICK_S, deadline - time.monotonic()))
+        # A message already being handed back is never cancelled again: it would stay held.
         late = [
             t
             for t, h in self.held.items()
-            if h.step not in FINISHING_STEPS or (self.force_exit and h.step != Step.RELEASING)
+            if not h.releasing
+            and h.step != Step.RELEASING
+            and (h.step not in FINISHING_STEPS or self.force_exit)
         ]
         if late:
             log.warning(
@@ -390,7 +393,7 @@ class Worker:
             _, still = await asyncio.wait(pending, timeout=limit)
             queue.hurry()  # hand-backs still waiting on a stalled extension go now
             for task in still:
-                if self.held[task].step != Step.RELEASING:  # (cancelling it again loses it)
+                if self.held[task].step != Step.RELEASING:
                     task.cancel()
             if still:
                 await asyncio.wait(still, timeout=config.FORCED_RELEASE_S)
