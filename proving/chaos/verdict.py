@@ -281,7 +281,14 @@ def check_sends(
 _FINISHED = Event.TASK_FINISHED
 _WILL_RETRY = Event.TASK_FAILED
 _OVER_TIME = Event.TASK_OVER_MAX_TIME
-_RELEASING = frozenset({Event.DRAINING, Event.DRAIN_DEADLINE_PASSED})
+_RELEASING = frozenset(
+    {
+        Event.DRAINING,
+        Event.DRAIN_DEADLINE_PASSED,
+        Event.LAST_RECEIVE_RELEASED,
+        Event.RECEIVING_PAUSED,
+    }
+)
 _NOT_EXTENDED = Event.VISIBILITY_NOT_EXTENDED
 _HELD_CALL = "visibility call held"
 # Log times are to the millisecond, and a hold is seen to start a little after SQS's.

@@ -16,6 +16,7 @@ from sqsinfer.lab import synthetic
 from sqsinfer.messages import S3Uri, Task
 from sqsinfer.metrics import Metrics
 from sqsinfer.worker.chain import SEND_ATTEMPTS, Delivery, Linker
+from sqsinfer.worker.pipeline import Step
 from tests.conftest import Stage, eventually, fault_proxy, outcome_count, running, sample
 from tests.worker.test_lifecycle import Poacher
 
@@ -110,11 +111,13 @@ async def test_one_task_delivered_to_two_workers_at_once(stage: Stage, make_sett
     """Both compute; one output wins, the other is a duplicate; one downstream message."""
     uri = _input(stage, "slow.npy", first_cell=1.0)  # each prediction takes a second
     body = {"task_id": "twice", "input": uri}
-    stage.send(body)
-    stage.send(body)
     settings = _scripted(make_settings, stage, prefetch=1, chain_settle_s=1, retry_base_s=1)
     async with running(settings) as first, running(settings) as second:
         workers = (first, second)
+        # Sent once both poll: one slot each, so each takes one (sent before the second
+        # was ready, both could go to the first, the second waiting for the first).
+        stage.send(body)
+        stage.send(body)
 
         def total(outcome: str) -> int:
             return sum(outcome_count(w, outcome) for w in workers)
@@ -153,7 +156,10 @@ async def test_a_marker_write_failing_past_the_sdk_retries_adds_no_downstream_me
 async def test_a_send_whose_record_is_given_up_is_counted_when_taken_over(
     stage: Stage, make_settings
 ):
-    """Sent, but the marker could not say so: the next delivery sends again, and counts it."""
+    """Sent, but the marker could not say so: the next delivery sends again, and counts it.
+
+    Both deliveries are this worker's: the first ended (retried), so its intent is known
+    to be dead and is taken over at once, though the settle is 600 s."""
     stage.send({"task_id": "m2", "input": _input(stage, "a.npy")})
     plan = FaultPlan(marker_failures=1.0, marker_updates_only=True, marker_burst=10_000)
     async with fault_proxy(stage, plan) as proxy:
@@ -183,20 +189,42 @@ async def test_a_lost_send_answer_is_counted_as_a_possible_duplicate(stage: Stag
     assert _counted(worker) == (0, 1)
 
 
-async def test_a_delivery_whose_own_message_wrote_the_output_links_at_once(
+async def test_an_earlier_receive_of_the_same_message_still_linking_is_waited_for(
     stage: Stage, make_settings
 ):
+    """SQS hands a message out again while its earlier receive may still be working on it,
+    on another worker: the worker waits for that receive's link as for any other, and the
+    next stage gets one message."""
     uri = _input(stage, "a.npy")
-    message_id = stage.send({"task_id": "mine", "input": uri})
-    # An earlier receive of this very message wrote the output, claimed the link, then died.
-    _written(stage, "mine", message_id)
-    _intent(stage, "mine", message_id)
-    async with running(_scripted(make_settings, stage, chain_settle_s=600)) as worker:
-        await eventually(lambda: outcome_count(worker, "duplicate") == 1)
+    message_id = stage.send({"task_id": "live", "input": uri})
+    # The earlier receive, elsewhere: it wrote the output and claimed the link; its
+    # message's visibility lapses while it is still sending.
+    stage.sqs.receive_message(QueueUrl=stage.queue_url, VisibilityTimeout=2)
+    _written(stage, "live", message_id)
+    task = Task(
+        "live", S3Uri(stage.bucket, "in/a.npy"), S3Uri(stage.bucket, "out/live.npy"), "npy", "npy"
+    )
+    earlier = Delivery("elsewhere", message_id, "live")
+    elsewhere = Metrics()
+    async with open_clients("us-east-1", stage.endpoint) as clients:
+        sender = Sender(clients.sqs_single_attempt, stage.next_url)
+        linker = Linker(Storage(clients.s3), sender, elsewhere, settle_s=600)
+        claim = await linker.claim(earlier, task.output, lambda: None)
+        assert claim is not None
+        async with running(_scripted(make_settings, stage, chain_settle_s=600)) as worker:
+
+            def waiting_or_done() -> bool:
+                steps = [held.step for held in worker.held.values()]
+                return Step.LINK_WAIT in steps or outcome_count(worker, "duplicate") == 1
+
+            await eventually(waiting_or_done)  # the second receive reached the link
+            await linker.hand_on(earlier, task, claim)  # the earlier one sends after all
+            await eventually(lambda: outcome_count(worker, "duplicate") == 1)
     assert worker.metrics.outcomes == {"duplicate": 1}
-    assert _next_inputs(stage) == [f"s3://{stage.bucket}/out/mine.npy"]
-    assert _counted(worker) == (0, 1)  # the dead receive may have sent before it died
-    assert _marker(stage, "mine")["state"] == "sent"
+    assert _next_inputs(stage) == [f"s3://{stage.bucket}/out/live.npy"]
+    assert _counted(worker) == (0, 0)
+    assert sample(elsewhere, "sqsinfer_chain_duplicates_total", kind="certain") == 0
+    assert _marker(stage, "live")["delivery"] == "elsewhere"
 
 
 async def test_a_takeover_whose_answer_was_lost_still_counts_what_it_took_over(
@@ -208,11 +236,11 @@ async def test_a_takeover_whose_answer_was_lost_still_counts_what_it_took_over(
     uri = _input(stage, "a.npy")
     message_id = stage.send({"task_id": "lost", "input": uri})
     _written(stage, "lost", message_id)
-    _intent(stage, "lost", message_id)
+    _intent(stage, "lost", message_id)  # a receive elsewhere that died: taken after the settle
     # The first PutObject is the takeover (the output exists: nothing else is written first).
     plan = FaultPlan(drop=1.0, drop_operations=frozenset({"PutObject"}), limits={"s3:dropped": 1})
     async with fault_proxy(stage, plan) as proxy:
-        settings = _scripted(make_settings, stage, endpoint_url=proxy.url, chain_settle_s=600)
+        settings = _scripted(make_settings, stage, endpoint_url=proxy.url, chain_settle_s=1)
         async with running(settings) as worker:
             await eventually(lambda: outcome_count(worker, "duplicate") == 1)
     assert proxy.counts["s3:dropped"] == 1

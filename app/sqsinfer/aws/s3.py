@@ -60,7 +60,9 @@ _CALL_TIMEOUT = "300s"
 @dataclass(frozen=True)
 class ObjectInfo:
     metadata: dict[str, str]
-    age_s: float  # by the server's own clock: its Date header minus Last-Modified
+    # By the server's own clock: its Date header minus Last-Modified (without a Date
+    # header, the worker's clock stands in: docs/running.md, the chain link).
+    age_s: float
     etag: str = ""  # what a compare-and-swap write (`put_if_match`) names
 
 
