@@ -5,12 +5,15 @@ connection; real AWS does all three. Put this proxy in front of the moto server 
 point the worker's endpoint setting at it, exactly as it would point at AWS. Per
 operation and at seeded random rates it answers S3 503 `SlowDown` / 500, S3 409 on
 conditional puts, SQS 500 / throttling, adds latency, holds visibility changes back
-(a stalled call that still lands, late), and closes connections after the real answer
-came back but before the client read all of it (the request took effect; the client
-cannot know).
+(a stalled call that still lands, late), closes connections after the real answer
+came back but before the client read all of it, and resets connections (a TCP RST, as
+a load balancer or a NAT gateway sends one) after the real answer came back, before any
+of it was sent. Either way the request took effect, and the client cannot know: a clean
+close reaches it as a broken answer, a reset as the same error a refused connection
+raises.
 
 Targeted rules, for the paths where one fault matters most: `SendMessage` answers
-dropped after SQS took the message (a lost answer whose retry sends it twice), bursts of
+dropped or reset after SQS took the message (a lost answer whose retry sends it twice), bursts of
 503s on the `.chain` marker PUTs long enough to outlast the SDK's own retries, every
 call of chosen operations failed, fixed delays per operation, slow reads of chosen
 keys (a task that holds its message for long), and a cap on how often each kind of
@@ -31,6 +34,8 @@ import dataclasses
 import logging
 import random
 import signal
+import socket
+import struct
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -50,9 +55,13 @@ _SKIP_HEADERS = frozenset({"transfer-encoding", "connection", "content-length", 
 DROP_DEFAULT_OPERATIONS = frozenset(
     {"GetObject", "PutObject", "ReceiveMessage", "DeleteMessageBatch"}
 )
+RESET_DEFAULT_OPERATIONS = frozenset(
+    {"SendMessage", "SendMessageBatch", "PutObject", "DeleteMessageBatch"}
+)
 VISIBILITY_OPERATIONS = frozenset({"ChangeMessageVisibility", "ChangeMessageVisibilityBatch"})
 SEND_OPERATIONS = frozenset({"SendMessage", "SendMessageBatch"})  # next-stage sends are batched
 MARKER_SUFFIX = ".chain"
+RESET_LINE = "answer reset"  # logged for each reset: its operation and queue
 # A burst of this many failures outlasts the SDK's own retries: the call itself fails.
 SDK_ATTEMPTS = SDK_RETRIES + 1
 
@@ -68,6 +77,8 @@ class FaultPlan:
     latency_ms: float = 0.0  # up to this much added, uniformly
     drop: float = 0.0
     drop_operations: frozenset[str] = DROP_DEFAULT_OPERATIONS
+    reset: float = 0.0  # answers of these operations reset (RST) after the service acted
+    reset_operations: frozenset[str] = RESET_DEFAULT_OPERATIONS
     spare_operations: frozenset[str] = frozenset()  # never faulted (e.g. set-up calls)
     refuse_credentials: bool = False  # answer everything as AWS does to a bad key
     # Visibility changes held this long before they are forwarded: a stalled call that
@@ -84,6 +95,8 @@ class FaultPlan:
     slow_reads: dict[str, float] = field(default_factory=dict)  # key prefix -> s per GetObject
     send_drop: float = 0.0  # SendMessage answers dropped after SQS took the message
     send_drop_queue: str = ""  # only sends to a queue whose URL ends in this ("": any)
+    send_reset: float = 0.0  # SendMessage answers reset after SQS took the message
+    send_reset_queue: str = ""  # only sends to a queue whose URL ends in this ("": any)
     marker_failures: float = 0.0  # `.chain` PUTs that start a burst of 503s (once per key)
     marker_burst: int = SDK_ATTEMPTS  # 503s in a row per burst
     marker_burst_max: int = 0  # above marker_burst: each burst's length drawn up to this
@@ -359,11 +372,18 @@ class FaultProxy:
         return response
 
     def _dropped(self, op: Operation) -> str:
-        """The kind of answer drop chosen for this request, or ''."""
+        """The kind of answer loss chosen for this request (a `..._reset` or a `...dropped`
+        kind), or ''."""
         p = self.plan
-        sending = op.name in SEND_OPERATIONS and op.queue.endswith(p.send_drop_queue)
-        if sending and self._chance(p.send_drop) and self._allowed(op, "send_dropped"):
-            return "send_dropped"
+        if op.name in SEND_OPERATIONS:
+            for kind, rate, queue in (
+                ("send_reset", p.send_reset, p.send_reset_queue),
+                ("send_dropped", p.send_drop, p.send_drop_queue),
+            ):
+                if op.queue.endswith(queue) and self._chance(rate) and self._allowed(op, kind):
+                    return kind
+        if op.name in p.reset_operations and self._chance(p.reset) and self._allowed(op, "reset"):
+            return "reset"
         if op.name in p.drop_operations and self._chance(p.drop) and self._allowed(op, "dropped"):
             return "dropped"
         return ""
@@ -389,6 +409,8 @@ class FaultProxy:
                 self._receipts[message["ReceiptHandle"]] = message["MessageId"]
         if drop:
             self.counts[f"{op.service}:{drop}"] += 1
+            if drop.endswith("reset"):
+                return self._reset(request, op, status)
             return await self._drop(request, status, headers, body)
         return web.Response(status=status, headers=headers, body=body)
 
@@ -409,6 +431,18 @@ class FaultProxy:
             payload = await upstream.read()
             kept = {k: v for k, v in upstream.headers.items() if k.lower() not in _SKIP_HEADERS}
             return upstream.status, kept, payload
+
+    def _reset(self, request: web.Request, op: Operation, status: int) -> web.StreamResponse:
+        """Reset the connection (RST) before a byte of the real answer is sent: the client's
+        read fails with ECONNRESET, as when a load balancer or a NAT drops the flow."""
+        transport = request.transport
+        if transport is not None:
+            sock = transport.get_extra_info("socket")
+            if sock is not None:  # linger on, for 0 s: the close sends RST, not FIN
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            transport.abort()
+        log.info(RESET_LINE, extra={"operation": op.name, "queue": op.queue})
+        return web.Response(status=status)  # never sent: the connection is gone
 
     async def _drop(
         self, request: web.Request, status: int, headers: dict[str, str], body: bytes
@@ -448,7 +482,9 @@ _RATES = (
     "sqs_errors",
     "latency_ms",
     "drop",
+    "reset",
     "send_drop",
+    "send_reset",
     "marker_failures",
     "visibility_delay_s",
     "visibility_delay_rate",
@@ -457,6 +493,7 @@ _RATES = (
 _OPTIONS = (
     "seed",
     "send_drop_queue",
+    "send_reset_queue",
     "marker_burst",
     "marker_burst_max",
     "marker_updates_only",
@@ -472,7 +509,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="A fault-injecting proxy in front of a local S3/SQS endpoint.",
         epilog="example:\n  python -m proving.faults --target http://127.0.0.1:5000 --port 5001 "
         "--s3-5xx 0.1 --s3-conflict 0.02 --sqs-errors 0.02 --latency-ms 20 --drop 0.01\n"
-        "      --send-drop 0.02 --send-drop-queue stage2 --marker-failures 0.02",
+        "      --reset 0.005 --send-drop 0.02 --send-drop-queue stage2 --send-reset 0.02\n"
+        "      --send-reset-queue stage2 --marker-failures 0.02",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--target", required=True, help="the endpoint to front (loopback only)")
@@ -482,6 +520,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--" + name.replace("_", "-"), type=float, default=0.0)
     p.add_argument(
         "--send-drop-queue", default="", help="drop only sends to a queue whose URL ends in this"
+    )
+    p.add_argument(
+        "--send-reset-queue", default="", help="reset only sends to a queue whose URL ends in this"
     )
     p.add_argument(
         "--marker-burst", type=int, default=SDK_ATTEMPTS, help="503s in a row per marker burst"
