@@ -9,15 +9,14 @@ conditional puts, SQS 500 / throttling, adds latency, holds visibility changes b
 came back but before the client read all of it, and resets connections (a TCP RST, as
 a load balancer or a NAT gateway sends one) after the real answer came back, before any
 of it was sent. Either way the request took effect, and the client cannot know: a clean
-close reaches it as a broken answer, a reset as the same error a refused connection
-raises.
+close reaches it as a broken answer, a reset as the SDK error a refused connect raises.
 
 Targeted rules, for the paths where one fault matters most: `SendMessage` answers
-dropped or reset after SQS took the message (a lost answer whose retry sends it twice), bursts of
-503s on the `.chain` marker PUTs long enough to outlast the SDK's own retries, every
-call of chosen operations failed, fixed delays per operation, slow reads of chosen
-keys (a task that holds its message for long), and a cap on how often each kind of
-fault is injected.
+dropped or reset after SQS took the message (a lost answer whose retry sends it
+twice), bursts of 503s on the `.chain` marker PUTs long enough to outlast the SDK's own
+retries, every call of chosen operations failed, fixed delays per operation, slow reads
+of chosen keys (a task that holds its message for long) and stalls aimed at those
+tasks' extensions, and a cap on how often each kind of fault is injected.
 
 It can also record every message sent through it (`record_path`: one JSON line per
 message, its queue, body and attributes), so that what a worker sent can be held to
@@ -86,12 +85,15 @@ class FaultPlan:
     # (0: no limit); only calls whose every entry asks for at least
     # `visibility_delay_min_s` (a keeper's extensions ask for the whole timeout, a
     # hand-back for less); with `visibility_delay_once`, at most one call per receipt
-    # handle (the retry of a held extension gets through).
+    # handle (the retry of a held extension gets through); with
+    # `visibility_delay_slow_only`, only calls that carry a slow task's message (one
+    # whose `input` is a key under a `slow_reads` prefix: a hold known to be long).
     visibility_delay_s: float = 0.0
     visibility_delay_rate: float = 0.0
     visibility_delay_calls: int = 0
     visibility_delay_min_s: int = 0
     visibility_delay_once: bool = False
+    visibility_delay_slow_only: bool = False
     slow_reads: dict[str, float] = field(default_factory=dict)  # key prefix -> s per GetObject
     send_drop: float = 0.0  # SendMessage answers dropped after SQS took the message
     send_drop_queue: str = ""  # only sends to a queue whose URL ends in this ("": any)
@@ -220,6 +222,7 @@ class FaultProxy:
         # Receipt handle -> message id, from the receives: names the messages of a held call.
         self._receipts: dict[str, str] = {}
         self._held_receipts: set[str] = set()
+        self._slow_receipts: set[str] = set()  # those of messages whose input reads slowly
 
     @property
     def url(self) -> str:
@@ -334,6 +337,8 @@ class FaultProxy:
             return False
         if p.visibility_delay_once and self._held_receipts.intersection(op.receipts):
             return False
+        if p.visibility_delay_slow_only and not self._slow_receipts.intersection(op.receipts):
+            return False
         if not self._chance(p.visibility_delay_rate):
             return False
         self.counts["sqs:visibility_delayed"] += 1
@@ -359,6 +364,18 @@ class FaultProxy:
                     self.counts["s3:slow_read"] += 1
                     await asyncio.sleep(seconds)
                     return
+
+    def _note_receives(self, body: bytes) -> None:
+        """Name the receipt handles of a receive's messages; mark the slow tasks' ones."""
+        for message in json_object(body).get("Messages", []):
+            self._receipts[message["ReceiptHandle"]] = message["MessageId"]
+            if self._reads_slowly(str(message.get("Body", ""))):
+                self._slow_receipts.add(message["ReceiptHandle"])
+
+    def _reads_slowly(self, body: str) -> bool:
+        """Whether a task message's input (`s3://bucket/key`) is a key read slowly here."""
+        key = str(json_object(body).get("input", "")).removeprefix("s3://").partition("/")[2]
+        return any(key.startswith(prefix) for prefix in self.plan.slow_reads)
 
     def _allowed(self, op: Operation, kind: str) -> bool:
         """Whether `plan.limits` leaves room for one more fault of this kind."""
@@ -405,8 +422,7 @@ class FaultProxy:
         drop = "" if op.name in self.plan.spare_operations else self._dropped(op)
         status, headers, body = await self._forward(request)
         if op.name == "ReceiveMessage" and status == 200 and self.plan.visibility_delay_s > 0:
-            for message in json_object(body).get("Messages", []):
-                self._receipts[message["ReceiptHandle"]] = message["MessageId"]
+            self._note_receives(body)
         if drop:
             self.counts[f"{op.service}:{drop}"] += 1
             if drop.endswith("reset"):
@@ -500,6 +516,7 @@ _OPTIONS = (
     "visibility_delay_calls",
     "visibility_delay_min_s",
     "visibility_delay_once",
+    "visibility_delay_slow_only",
 )
 
 
@@ -551,6 +568,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--visibility-delay-once",
         action="store_true",
         help="hold at most one visibility call per receipt handle",
+    )
+    p.add_argument(
+        "--visibility-delay-slow-only",
+        action="store_true",
+        help="hold only calls carrying a message whose input is a --slow-read key",
     )
     p.add_argument(
         "--slow-read",

@@ -42,7 +42,8 @@ def test_a_small_chaos_run_loses_nothing(capsys):
     injected = figures["faults injected"]
     assert injected["sqs:send_dropped"] > 0, injected
     assert injected["s3:marker_503"] > 0, injected
-    assert injected["sqs:visibility_delayed"] == 2, injected
+    # The slow task's first extension; its receive's again if a drain handed it back.
+    assert 1 <= injected["sqs:visibility_delayed"] <= 2, injected
     assert injected["s3:slow_read"] >= config.slow_tasks, injected
     assert "downstream duplicates (observed / counted)" in figures
     assert "SIGTERM stage1-a: exit 0; restarted" in report

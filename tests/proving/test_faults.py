@@ -197,6 +197,40 @@ async def test_only_extensions_are_held_once_per_message_and_named(stage: Stage,
     assert [(r.message_ids, r.visibility_s) for r in held] == [([message_id], [30])]
 
 
+async def test_with_slow_only_just_the_calls_carrying_a_slow_task_are_held(stage: Stage, caplog):
+    """The stall is aimed at a hold known to be long: a task whose input reads slowly."""
+    slow_id = stage.send({"task_id": "s", "input": f"s3://{stage.bucket}/in/slow-1.npy"})
+    stage.send({"task_id": "f", "input": f"s3://{stage.bucket}/in/fast-1.npy"})
+    plan = FaultPlan(
+        visibility_delay_s=0.1,
+        visibility_delay_rate=1.0,
+        visibility_delay_once=True,
+        visibility_delay_slow_only=True,
+        slow_reads={"in/slow-": 0.1},
+    )
+    proxy = FaultProxy(stage.endpoint, plan)
+    await proxy.start()
+    handles: dict[str, str] = {}
+    try:
+        async with open_clients("us-east-1", proxy.url) as clients:
+            while len(handles) < 2:
+                got = await clients.sqs.receive_message(
+                    QueueUrl=stage.queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=1
+                )
+                for m in got.get("Messages", []):
+                    handles[json.loads(m["Body"])["task_id"]] = m["ReceiptHandle"]
+            for task_id in ("f", "s", "f"):
+                entries = [{"Id": "0", "ReceiptHandle": handles[task_id], "VisibilityTimeout": 30}]
+                await clients.sqs.change_message_visibility_batch(
+                    QueueUrl=stage.queue_url, Entries=entries
+                )
+    finally:
+        await proxy.stop()
+    assert proxy.counts == {"sqs:visibility_delayed": 1}
+    held = [r for r in caplog.records if r.getMessage() == "visibility call held"]
+    assert [r.message_ids for r in held] == [[slow_id]]
+
+
 async def test_slow_reads_hold_only_the_keys_under_their_prefix(stage: Stage):
     stage.put_input("slow-1.npy", b"slow")
     stage.put_input("fast-1.npy", b"fast")
