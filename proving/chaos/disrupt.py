@@ -83,10 +83,17 @@ def start_proxy(
         str(config.latency_ms),
         "--drop",
         str(config.drop),
+        # Sends (to stage 2 and to the DLQs), puts and deletes: answers reset (RST).
+        "--reset",
+        str(config.reset),
         # Answers lost only for stage 1's sends to stage 2: a duplicate there is counted.
         "--send-drop",
         str(config.send_drop),
         "--send-drop-queue",
+        queue_name(queues["stage2"]),
+        "--send-reset",
+        str(config.send_reset),
+        "--send-reset-queue",
         queue_name(queues["stage2"]),
         # Bursts on the "sent" record from just past the SDK's attempts (the worker's
         # own retries recover) to past the worker's too (the link is taken over later).

@@ -30,7 +30,9 @@ class ChaosConfig:
     sqs_errors: float = 0.02
     latency_ms: float = 20.0
     drop: float = 0.01
+    reset: float = 0.01  # sends, puts and deletes whose connection is reset after they acted
     send_drop: float = 0.02  # next-stage SendMessage answers lost after SQS took the message
+    send_reset: float = 0.02  # next-stage sends whose connection is reset after SQS took them
     marker_failures: float = 0.02  # chain markers whose "sent" record meets a burst of 503s
     poison_rate: float = 0.01
     squatters: int = 5  # tasks whose output a producer created first, under another task id
