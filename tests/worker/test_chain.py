@@ -289,14 +289,16 @@ async def test_a_takeover_whose_answer_was_lost_still_counts_what_it_took_over(
 
 async def test_waiting_for_another_deliverys_link_holds_the_message(stage: Stage, make_settings):
     """The settle wait happens in the worker: no receive spent, no other consumer sees it."""
-    _written(stage, "theirs", message_id="another-message")
-    _intent(stage, "theirs", message_id="another-message")
-    stage.send({"task_id": "theirs", "input": _input(stage, "a.npy")})
     settings = _scripted(
         make_settings, stage, chain_settle_s=5, visibility_timeout_s=2, heartbeat_s=0.5
     )
-    async with running(settings) as worker, Poacher(stage) as poacher:
-        await eventually(lambda: outcome_count(worker, "duplicate") == 1)
+    async with running(settings) as worker:
+        # Planted once the worker is up: a slow start must not use up the intent's settle.
+        _written(stage, "theirs", message_id="another-message")
+        _intent(stage, "theirs", message_id="another-message")
+        stage.send({"task_id": "theirs", "input": _input(stage, "a.npy")})
+        async with Poacher(stage) as poacher:
+            await eventually(lambda: outcome_count(worker, "duplicate") == 1)
     assert poacher.got == []
     assert worker.metrics.outcomes == {"duplicate": 1}
     assert sample(worker.metrics, "sqsinfer_visibility_extensions_total") >= 1
