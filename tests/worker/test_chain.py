@@ -111,11 +111,12 @@ async def test_one_task_delivered_to_two_workers_at_once(stage: Stage, make_sett
     """Both compute; one output wins, the other is a duplicate; one downstream message."""
     uri = _input(stage, "slow.npy", first_cell=1.0)  # each prediction takes a second
     body = {"task_id": "twice", "input": uri}
-    stage.send(body)
-    stage.send(body)
     settings = _scripted(make_settings, stage, prefetch=1, chain_settle_s=1, retry_base_s=1)
     async with running(settings) as first, running(settings) as second:
         workers = (first, second)
+        # Sent once both are up: one slow to start would find the other done with both.
+        stage.send(body)
+        stage.send(body)
 
         def total(outcome: str) -> int:
             return sum(outcome_count(w, outcome) for w in workers)
