@@ -6,16 +6,17 @@ import asyncio
 import json
 
 import numpy as np
+import pytest
 from aiohttp import web
 
 from proving.faults import FaultPlan, FaultProxy
 from sqsinfer.aws.s3 import Storage
 from sqsinfer.aws.session import open_clients
 from sqsinfer.aws.sqs import BatchSender, Sender
-from sqsinfer.lab import synthetic
+from sqsinfer.lab import standin, synthetic
 from sqsinfer.messages import S3Uri, Task
 from sqsinfer.metrics import Metrics
-from sqsinfer.worker.chain import SEND_ATTEMPTS, Delivery, Linker
+from sqsinfer.worker.chain import SEND_ATTEMPTS, Delivery, Linker, LinkNotSent
 from sqsinfer.worker.pipeline import Step
 from tests.conftest import Stage, eventually, fault_proxy, outcome_count, running, sample
 from tests.worker.test_lifecycle import Poacher
@@ -189,6 +190,71 @@ async def test_a_lost_send_answer_is_counted_as_a_possible_duplicate(stage: Stag
     assert _counted(worker) == (0, 1)
 
 
+def _resets(stage: Stage, count: int) -> FaultPlan:
+    """The next stage's sends reset (RST) after SQS took them, `count` times."""
+    next_queue = stage.next_url.rsplit("/", 1)[1]
+    return FaultPlan(send_reset=1.0, send_reset_queue=next_queue, limits={"sqs:send_reset": count})
+
+
+async def test_a_reset_send_answer_is_counted_as_a_possible_duplicate(stage: Stage, make_settings):
+    """The connection is reset after SQS took the message: the SDK names it as it names a
+    refused connect, yet it may have gone out, so the retry's second message is counted."""
+    stage.send({"task_id": "r1", "input": _input(stage, "a.npy")})
+    async with fault_proxy(stage, _resets(stage, 1)) as proxy:
+        settings = _scripted(make_settings, stage, endpoint_url=proxy.url)
+        async with running(settings) as worker:
+            await eventually(lambda: outcome_count(worker, "committed") == 1)
+    assert proxy.counts["sqs:send_reset"] == 1
+    sent = _next_inputs(stage)
+    assert sent == [f"s3://{stage.bucket}/out/r1.npy"] * 2
+    certain, possible = _counted(worker)
+    assert (certain, possible) == (0, 1)
+    assert certain <= len(sent) - 1 <= certain + possible
+    assert _marker(stage, "r1")["state"] == "sent"
+
+
+async def test_a_link_whose_every_send_was_reset_is_not_released(stage: Stage, make_settings):
+    """Every attempt reset: each may have gone out, so the intent stays, and the next
+    delivery takes it over and counts that too. Five messages, five counted."""
+    stage.send({"task_id": "r4", "input": _input(stage, "a.npy")})
+    async with fault_proxy(stage, _resets(stage, SEND_ATTEMPTS)) as proxy:
+        settings = _scripted(make_settings, stage, endpoint_url=proxy.url, chain_settle_s=600)
+        async with running(settings) as worker:
+            await eventually(lambda: outcome_count(worker, "duplicate") == 1)
+    assert proxy.counts["sqs:send_reset"] == SEND_ATTEMPTS
+    sent = _next_inputs(stage)
+    assert sent == [f"s3://{stage.bucket}/out/r4.npy"] * (SEND_ATTEMPTS + 1)
+    certain, possible = _counted(worker)
+    assert (certain, possible) == (0, SEND_ATTEMPTS + 1)
+    assert certain <= len(sent) - 1 <= certain + possible
+    assert worker.metrics.outcomes == {"committed": 1, "duplicate": 1}
+    assert _marker(stage, "r4")["state"] == "sent"
+
+
+async def test_a_send_that_never_connected_hands_the_link_back_clean(stage: Stage):
+    """Nothing listens where the sends go: refused before a byte was written, not sent."""
+    task = Task(
+        "c", S3Uri(stage.bucket, "in/c.npy"), S3Uri(stage.bucket, "out/c.npy"), "npy", "npy"
+    )
+    metrics = Metrics()
+    nowhere = f"http://127.0.0.1:{standin.free_port()}"
+    async with (
+        open_clients("us-east-1", stage.endpoint) as clients,
+        open_clients("us-east-1", nowhere) as unreachable,
+    ):
+        sender = Sender(unreachable.sqs_single_attempt, stage.next_url)
+        linker = Linker(Storage(clients.s3), sender, metrics, settle_s=600)
+        delivery = Delivery("d-c", "m-c", "c")
+        claim = await linker.claim(delivery, task.output, lambda: None)
+        assert claim is not None
+        with pytest.raises(LinkNotSent, match="next stage send failed") as failed:
+            await linker.hand_on(delivery, task, claim)
+    assert failed.value.code == "chain_send_failed"
+    assert sample(metrics, "sqsinfer_chain_duplicates_total", kind="possible") == 0
+    assert _marker(stage, "c")["state"] == "released"
+    assert stage.drain_queue(stage.next_url) == []
+
+
 async def test_an_earlier_receive_of_the_same_message_still_linking_is_waited_for(
     stage: Stage, make_settings
 ):
@@ -251,14 +317,16 @@ async def test_a_takeover_whose_answer_was_lost_still_counts_what_it_took_over(
 
 async def test_waiting_for_another_deliverys_link_holds_the_message(stage: Stage, make_settings):
     """The settle wait happens in the worker: no receive spent, no other consumer sees it."""
-    _written(stage, "theirs", message_id="another-message")
-    _intent(stage, "theirs", message_id="another-message")
-    stage.send({"task_id": "theirs", "input": _input(stage, "a.npy")})
     settings = _scripted(
         make_settings, stage, chain_settle_s=5, visibility_timeout_s=2, heartbeat_s=0.5
     )
-    async with running(settings) as worker, Poacher(stage) as poacher:
-        await eventually(lambda: outcome_count(worker, "duplicate") == 1)
+    async with running(settings) as worker:
+        # Planted once the worker is up: a slow start must not use up the intent's settle.
+        _written(stage, "theirs", message_id="another-message")
+        _intent(stage, "theirs", message_id="another-message")
+        stage.send({"task_id": "theirs", "input": _input(stage, "a.npy")})
+        async with Poacher(stage) as poacher:
+            await eventually(lambda: outcome_count(worker, "duplicate") == 1)
     assert poacher.got == []
     assert worker.metrics.outcomes == {"duplicate": 1}
     assert sample(worker.metrics, "sqsinfer_visibility_extensions_total") >= 1

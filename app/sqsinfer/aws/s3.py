@@ -48,7 +48,9 @@ _CONFLICT_RETRIES = 5
 _CONFLICT_STATUS = "409 Conflict"  # how object_store's message names S3's 409
 _PUT_BACKOFF = Backoff(base_s=0.1, max_s=2.0)
 # In object_store's message once it retried a call itself (5xx, throttling): not again.
-_SPENT_RETRIES = "max_retries"
+# ("after 3 retries, max_retries: 3"; the debug dump obstore appends names max_retries
+# even when it made no retry, as for a connection reset in flight.)
+_SPENT_RETRIES = " retries, max_retries: "
 # What a GET whose body broke off half-way raises (the SDK's, or obstore's).
 _BROKEN_BODY = (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, OSError, GenericError)
 # Request timeouts as the SDK client's: connect 5 s; a whole call (obstore times whole
