@@ -21,6 +21,7 @@ import contextlib
 import importlib.util
 import io
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -57,35 +58,36 @@ class MotoServer:
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
+    """A loopback port free now, for a server about to start (moto, a worker's health).
+
+    Chosen below the kernel's ephemeral range, not by binding port 0: a port from that
+    range, once let go, can be taken as the local end of any outgoing connection (the
+    tests and the stand-in open thousands) before the server binds it, and the server
+    fails to start. Only another caller of this function can take one from below it."""
+    low = _ephemeral_low()
+    for _ in range(100 if low > _LOWEST_PORT + 1000 else 0):
+        port = random.randrange(_LOWEST_PORT, low)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as sock:  # no room below the range, or it is crowded
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
 
 
-def use_fake_credentials() -> None:
-    """Point boto at fake credentials, unless real ones are set on purpose."""
-    for key, value in FAKE_CREDENTIALS.items():
-        os.environ.setdefault(key, value)
+_LOWEST_PORT = 10_000  # above the ports services are commonly configured on
 
 
-def clients(endpoint: str, region: str = REGION) -> tuple[Any, Any]:
-    """Sync S3 and SQS clients for an endpoint, with the fake credentials a stand-in takes."""
-    return client("s3", endpoint, region), client("sqs", endpoint, region)
-
-
-def client(service: str, endpoint: str, region: str = REGION) -> Any:
-    """A sync client of `service` (s3, sqs, sns, events) for an endpoint, with the fake
-    credentials a stand-in takes."""
-    import boto3
-
-    return boto3.client(
-        service,
-        endpoint_url=endpoint,
-        region_name=region,
-        aws_access_key_id=FAKE_CREDENTIALS["AWS_ACCESS_KEY_ID"],
-        aws_secret_access_key=FAKE_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
-        aws_session_token=FAKE_CREDENTIALS["AWS_SESSION_TOKEN"],
-    )
+def _ephemeral_low() -> int:
+    """The lowest port of the kernel's range for the local ends of connections."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as fh:
+            return int(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
 
 
 def has_local_extra(command: str, modules: tuple[str, ...] = LOCAL_MODULES) -> bool:
