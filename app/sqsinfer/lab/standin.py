@@ -90,6 +90,32 @@ def _ephemeral_low() -> int:
         return 32768  # Linux's default
 
 
+def use_fake_credentials() -> None:
+    """Point boto at fake credentials, unless real ones are set on purpose."""
+    for key, value in FAKE_CREDENTIALS.items():
+        os.environ.setdefault(key, value)
+
+
+def clients(endpoint: str, region: str = REGION) -> tuple[Any, Any]:
+    """Sync S3 and SQS clients for an endpoint, with the fake credentials a stand-in takes."""
+    return client("s3", endpoint, region), client("sqs", endpoint, region)
+
+
+def client(service: str, endpoint: str, region: str = REGION) -> Any:
+    """A sync client of `service` (s3, sqs, sns, events) for an endpoint, with the fake
+    credentials a stand-in takes."""
+    import boto3
+
+    return boto3.client(
+        service,
+        endpoint_url=endpoint,
+        region_name=region,
+        aws_access_key_id=FAKE_CREDENTIALS["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=FAKE_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+        aws_session_token=FAKE_CREDENTIALS["AWS_SESSION_TOKEN"],
+    )
+
+
 def has_local_extra(command: str, modules: tuple[str, ...] = LOCAL_MODULES) -> bool:
     """True when what `command` (as its user types it) needs is installed; else say which
     extra to install (on stderr) so that the command can stop before anything starts."""
