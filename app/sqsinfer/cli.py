@@ -110,9 +110,9 @@ def _add_bench(sub: Any) -> None:
 
 
 def _add_operator_commands(sub: Any) -> None:
-    from sqsinfer.ops import add_enqueue, add_plan, add_redrive, add_status
+    from sqsinfer.ops import add_audit, add_enqueue, add_plan, add_redrive, add_status
 
-    for add in (add_enqueue, add_status, add_redrive, add_plan):
+    for add in (add_enqueue, add_status, add_redrive, add_plan, add_audit):
         add(sub)
 
 
@@ -127,7 +127,7 @@ COMMANDS: list[Callable[[Any], None]] = [
 # How `sqsinfer --help` groups the commands, by what they are for.
 GROUPS: dict[str, tuple[str, ...]] = {
     "run": ("worker",),
-    "operate": ("enqueue", "status", "redrive", "plan"),
+    "operate": ("enqueue", "status", "redrive", "plan", "audit"),
     "try and measure": ("demo", "bench"),
 }
 

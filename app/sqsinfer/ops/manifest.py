@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import csv
 import fnmatch
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,10 +60,12 @@ class Validator:
     def __init__(
         self,
         allowed_inputs: tuple[S3Uri, ...] = (),
+        *,
         output_prefix: S3Uri | None = None,
         allowed_outputs: tuple[S3Uri, ...] = (),
         output_suffix: str = ".npy",
         max_message_bytes: int = SQS_DEFAULT_MAX_MESSAGE_BYTES,
+        placeholders: Mapping[str, str] | None = None,
     ) -> None:
         if not allowed_outputs and output_prefix is not None:
             allowed_outputs = (output_prefix,)  # the worker's default
@@ -72,6 +74,7 @@ class Validator:
         self.output_prefix = output_prefix
         self.output_suffix = output_suffix
         self.max_message_bytes = max_message_bytes
+        self.placeholders = placeholders  # a stage's model, when known: outputs name it
 
     def check(self, body: str | bytes) -> Task:
         """The task, or InputError with the worker's reason."""
@@ -87,6 +90,7 @@ class Validator:
             output_suffix=self.output_suffix,
             max_message_bytes=self.max_message_bytes,
             require_installed_formats=False,  # the worker's packages, not this machine's
+            placeholders=self.placeholders,
         )
 
 
