@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -35,7 +34,15 @@ from sqsinfer.ops.ledger import (
     Progress,
     StageSpec,
 )
-from sqsinfer.ops.manifest import MANIFEST_FORMATS, Item, KeyPattern, Validator, manifest_format
+from sqsinfer.ops.manifest import (
+    MANIFEST_FORMATS,
+    Item,
+    KeyPattern,
+    Validator,
+    manifest_format,
+    open_manifest,
+)
+from sqsinfer.ops.status import StatusError
 
 EXIT_OK, EXIT_MISSING, EXIT_ACCOUNTED = common.EXIT_OK, common.EXIT_FAILED, common.EXIT_PARTIAL
 
@@ -350,7 +357,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     except ValueError as exc:  # UsageError too
         return common.usage_error("audit", str(exc))
     try:
-        run.manifest = _open(args.manifest) if args.manifest else None
+        run.manifest = open_manifest(args.manifest) if args.manifest else None
         run.tasks_out = open(args.tasks_out, "wb") if args.tasks_out else None  # noqa: SIM115
     except OSError as exc:
         run.close()
@@ -359,10 +366,6 @@ def cmd_audit(args: argparse.Namespace) -> int:
         return common.run_command(lambda: _main(args, run), "audit", args.log_level)
     finally:
         run.close()
-
-
-def _open(path: str) -> IO[bytes]:
-    return os.fdopen(os.dup(sys.stdin.fileno()), "rb") if path == "-" else open(path, "rb")
 
 
 def _items(args: argparse.Namespace, run: _Run, s3: Any) -> AsyncIterator[Item]:
@@ -400,7 +403,7 @@ async def _main(args: argparse.Namespace, run: _Run) -> int:
             )
             try:
                 report = await audit.run(_items(args, run, clients.s3))
-            except (TimeoutError, ClientError, BotoCoreError) as exc:
+            except (TimeoutError, ClientError, BotoCoreError, StatusError) as exc:
                 print(f"sqsinfer audit: {exc}", file=sys.stderr)
                 return common.EXIT_FAILED
     _print(report, args)

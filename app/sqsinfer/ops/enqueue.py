@@ -42,6 +42,7 @@ from sqsinfer.ops.manifest import (
     KeyPattern,
     Validator,
     manifest_format,
+    open_manifest,
     read_listing,
     read_manifest,
 )
@@ -463,7 +464,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     except ValueError as exc:
         return common.usage_error("enqueue", str(exc))
     try:
-        fh = _open_manifest(args.manifest) if args.manifest else None
+        fh = open_manifest(args.manifest) if args.manifest else None
     except OSError as exc:
         return common.usage_error("enqueue", f"cannot read {args.manifest}: {exc}")
     try:
@@ -473,10 +474,6 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     finally:
         if fh is not None:
             fh.close()
-
-
-def _open_manifest(path: str) -> IO[bytes]:
-    return os.fdopen(os.dup(sys.stdin.fileno()), "rb") if path == "-" else open(path, "rb")
 
 
 def _total_bytes(fh: IO[bytes] | None) -> int | None:

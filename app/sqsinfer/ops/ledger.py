@@ -34,6 +34,7 @@ from sqsinfer.messages import S3Uri
 from sqsinfer.ops.deadletters import DeadLetter, DeadLetterRead, DeadLetterReader
 from sqsinfer.ops.keyindex import EXISTS, MARKER, WRITTEN_TWICE, DigestBuilder, KeyIndex
 from sqsinfer.ops.manifest import BadLine, Entry, Item
+from sqsinfer.ops.status import QueueRef, sample
 
 MARKER_SUFFIX = ".chain"  # the chain marker beside each handed-on output (worker.chain)
 _STATE_KEY = "chain-state"
@@ -482,16 +483,9 @@ class Audit:
 
     # -- the queues -------------------------------------------------------------------
     async def _depths(self, url: str) -> dict[str, int]:
-        names = {
-            "visible": "ApproximateNumberOfMessages",
-            "in_flight": "ApproximateNumberOfMessagesNotVisible",
-            "delayed": "ApproximateNumberOfMessagesDelayed",
-        }
-        answer = await self.sqs.get_queue_attributes(
-            QueueUrl=url, AttributeNames=list(names.values())
-        )
-        attributes = answer.get("Attributes", {})
-        return {name: int(attributes.get(attr, 0)) for name, attr in names.items()}
+        """What the stage's queue still holds: work in progress, or not yet started."""
+        (found,) = await sample(self.sqs, [QueueRef(url, "queue")])
+        return {"visible": found.visible, "in_flight": found.in_flight, "delayed": found.delayed}
 
 
 def _category(

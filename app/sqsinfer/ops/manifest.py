@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import csv
 import fnmatch
+import os
+import sys
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import IO, Any
 
 import orjson
 
@@ -200,6 +202,11 @@ def _csv_body(columns: tuple[str, ...], cells: list[str]) -> str | BadLine:
         if column in _CSV_COLUMNS and cell:
             doc[column] = cell
     return orjson.dumps(doc).decode()
+
+
+def open_manifest(path: str) -> IO[bytes]:
+    """The manifest file, or stdin for `-` (a copy of its descriptor, closed with it)."""
+    return os.fdopen(os.dup(sys.stdin.fileno()), "rb") if path == "-" else open(path, "rb")
 
 
 def read_manifest(fh: Iterable[bytes], name: str, fmt: str, validator: Validator) -> Iterator[Item]:
