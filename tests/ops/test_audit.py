@@ -226,7 +226,7 @@ def test_a_killed_audit_and_the_next_one_report_the_same(stage: Stage, tmp_path,
     manifest = _manifest(
         tmp_path, stage, [f"d{i}" for i in range(30)] + [f"c{i}" for i in range(30)]
     )
-    argv = _one_stage(stage, manifest, "--model-sha256", MODEL, "--dlq-hold-s", "6")
+    argv = _one_stage(stage, manifest, "--model-sha256", MODEL, "--dlq-hold-s", "3")
     _, whole = _audit(capsys, argv)
     env = {**os.environ, **standin.FAKE_CREDENTIALS}
     for _attempt in range(5):  # until the kill lands while dead letters are held

@@ -20,49 +20,52 @@ def _input(stage: Stage, name: str) -> str:
     return stage.put_input(name, synthetic.encode_input(rows, "npy"))
 
 
-async def test_a_committed_output_carries_its_whole_lineage(
+async def test_each_output_carries_its_lineage_under_its_models_own_prefix(
     stage: Stage, make_settings, model_path
 ):
+    unversioned = _input(stage, "b.npy")  # written before the bucket kept versions
     stage.s3.put_bucket_versioning(
         Bucket=stage.bucket, VersioningConfiguration={"Status": "Enabled"}
     )
-    uri = _input(stage, "a.npy")
+    versioned = _input(stage, "a.npy")
     source = stage.s3.head_object(Bucket=stage.bucket, Key="in/a.npy")
-    message_id = stage.send({"task_id": "a", "input": uri})
-    settings = make_settings(model_version="2026-11-a", worker_id="pod-7")
+    message_id = stage.send({"task_id": "a", "input": versioned})
+    stage.send({"task_id": "b", "input": unversioned})
+    # An explicit output may name the model too.
+    named = f"s3://{stage.bucket}/out/{{model_sha256_12}}/named/c.json"
+    stage.send({"task_id": "c", "input": versioned, "output": named})
+    settings = make_settings(
+        model_version="2026-11-a",
+        worker_id="pod-7",
+        output_prefix=f"s3://{stage.bucket}/out/{{model_sha256_12}}/",
+    )
     async with running(settings) as worker:
-        await eventually(lambda: outcome_count(worker, "committed") == 1)
-    head = stage.s3.head_object(Bucket=stage.bucket, Key="out/a.npy")
-    body = stage.outputs()["out/a.npy"]
-    meta = head["Metadata"]
+        await eventually(lambda: outcome_count(worker, "committed") == 3)
+    sha = file_sha256(model_path)
+    outputs = stage.outputs()
+    assert sorted(outputs) == [
+        f"out/{sha[:12]}/{name}" for name in ("a.npy", "b.npy", "named/c.json")
+    ]
+    meta = stage.s3.head_object(Bucket=stage.bucket, Key=f"out/{sha[:12]}/a.npy")["Metadata"]
     assert set(meta) == set(lineage.KEYS)
     assert meta == meta | {
         "task-id": "a",
-        "model-sha256": file_sha256(model_path),
+        "model-sha256": sha,
         "model-version": "2026-11-a",
         "handler": "xgboost",
         "handler-version": xgboost.__version__,
         "sqsinfer-version": __version__,
         "input-etag": source["ETag"].strip('"'),
         "input-version-id": source["VersionId"],
-        "output-sha256": hashlib.sha256(body).hexdigest(),
+        "output-sha256": hashlib.sha256(outputs[f"out/{sha[:12]}/a.npy"]).hexdigest(),
         "message-id": message_id,
         "worker": "pod-7",
     }
     assert len(meta["delivery"]) == 32
     assert lineage.metadata_bytes(meta) <= S3_MAX_METADATA_BYTES
-
-
-async def test_an_unversioned_input_has_no_version_id(stage: Stage, make_settings):
-    stage.send({"task_id": "b", "input": _input(stage, "b.npy")})
-    async with running(make_settings()) as worker:
-        await eventually(lambda: outcome_count(worker, "committed") == 1)
-    meta = stage.s3.head_object(Bucket=stage.bucket, Key="out/b.npy")["Metadata"]
-    assert "input-version-id" not in meta and "model-version" not in meta
-    assert meta["input-etag"] and set(meta) == set(lineage.KEYS) - {
-        "input-version-id",
-        "model-version",
-    }
+    # An input from before versioning has no version id: the key is left out.
+    meta = stage.s3.head_object(Bucket=stage.bucket, Key=f"out/{sha[:12]}/b.npy")["Metadata"]
+    assert set(meta) == set(lineage.KEYS) - {"input-version-id"} and meta["input-etag"]
 
 
 def test_the_worst_case_lineage_fits_s3s_two_kilobytes():
@@ -92,41 +95,36 @@ def test_the_worst_case_lineage_fits_s3s_two_kilobytes():
     assert "input-version-id" not in lineage.output_metadata(producer, longer)
 
 
-async def test_an_output_prefix_per_model_puts_each_models_outputs_apart(
-    stage: Stage, make_settings, model_path, tmp_path
+async def test_another_models_worker_writes_beside_and_counts_what_it_finds_of_others(
+    stage: Stage, make_settings, tmp_path, caplog
 ):
-    other_model = synthetic.train_model(str(tmp_path / "b.ubj"), N_FEATURES, trees=4, seed=9)
+    """Under a per-model prefix a new model's outputs go beside the old ones'. An output
+    of this task another model wrote where this worker writes is left as it is, and
+    counted and logged: never silently taken for this worker's own."""
+    model = synthetic.train_model(str(tmp_path / "b.ubj"), N_FEATURES, trees=4, seed=9)
+    sha12 = file_sha256(model)[:12]
     uri = _input(stage, "c.npy")
-    prefix = f"s3://{stage.bucket}/out/{{model_sha256_12}}/"
-    for path in (model_path, other_model):
-        stage.send({"task_id": "c", "input": uri})
-        # An explicit output may name the model too.
-        stage.send({"task_id": "d", "input": uri, "output": prefix + "named/d.json"})
-        async with running(make_settings(model_path=path, output_prefix=prefix)) as worker:
-            await eventually(lambda: outcome_count(worker, "committed") == 2)
-            assert sample(worker.metrics, "sqsinfer_other_model_outputs_total") == 0
-    first, second = (file_sha256(p)[:12] for p in (model_path, other_model))
-    assert sorted(stage.outputs()) == sorted(
-        f"out/{sha}/{name}" for sha in (first, second) for name in ("c.npy", "named/d.json")
-    )
-
-
-async def test_an_output_another_model_wrote_is_counted_and_logged_not_taken_as_its_own(
-    stage: Stage, make_settings, caplog
-):
-    uri = _input(stage, "e.npy")
+    stage.s3.put_object(Bucket=stage.bucket, Key="out/older/c.npy", Body=b"model A's")
     stage.s3.put_object(
         Bucket=stage.bucket,
-        Key="out/e.npy",
+        Key=f"out/{sha12}/e.npy",
         Body=b"an older model's scores",
         Metadata={"task-id": "e", "model-sha256": "0" * 64},
     )
+    stage.send({"task_id": "c", "input": uri})
     stage.send({"task_id": "e", "input": uri})
     caplog.set_level(logging.WARNING, logger="sqsinfer.task")
-    async with running(make_settings(always_head_output=True)) as worker:
+    prefix = f"s3://{stage.bucket}/out/{{model_sha256_12}}/"
+    settings = make_settings(model_path=model, output_prefix=prefix, always_head_output=True)
+    async with running(settings) as worker:
         await eventually(lambda: outcome_count(worker, "duplicate") == 1)
+        await eventually(lambda: outcome_count(worker, "committed") == 1)
         counted = sample(worker.metrics, "sqsinfer_other_model_outputs_total")
     assert counted == 1
-    assert stage.outputs() == {"out/e.npy": b"an older model's scores"}  # never overwritten
+    outputs = stage.outputs()
+    assert outputs[f"out/{sha12}/e.npy"] == b"an older model's scores"  # never overwritten
+    assert sorted(outputs) == sorted(
+        ["out/older/c.npy", f"out/{sha12}/c.npy", f"out/{sha12}/e.npy"]
+    )
     [record] = [r for r in caplog.records if r.msg == "output written by another model"]
     assert vars(record)["its_model"] == "0" * 64 and vars(record)["task_id"] == "e"

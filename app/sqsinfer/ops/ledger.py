@@ -259,13 +259,12 @@ class Audit:
                 report.dlq_url = await SqsQueue(self.sqs, stage.queue_url).redrive_target() or ""
 
     async def _read_dead_letters(self) -> None:
+        """Every dead-letter queue of the chain, read at once (each pass ends in a poll)."""
         urls = list(dict.fromkeys(r.dlq_url for r in self.report.stages if r.dlq_url))
-        for url in urls:
-            self.progress.phase(f"dead letters {url.rstrip('/').rsplit('/', 1)[-1]}")
-            reader = DeadLetterReader(
-                self.sqs, url, self.options.dlq_hold_s, self.options.dlq_hold_s
-            )
-            found = await reader.read()
+        self.progress.phase("dead letters")
+        hold_s = self.options.dlq_hold_s
+        readers = [DeadLetterReader(self.sqs, url, hold_s, hold_s) for url in urls]
+        for found in await asyncio.gather(*(reader.read() for reader in readers)):
             self.progress.advance(len(found.letters))
             self._file_dead_letters(found)
 
