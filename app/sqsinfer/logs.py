@@ -98,6 +98,8 @@ class Event(StrEnum):
     NO_TARGET_FOR_MESSAGE = "no target for message"
     NOT_SENT = "not sent"
     MESSAGES_NOT_RELEASED = "messages not released, visible again when their hold lapses"
+    # sqsinfer audit
+    AUDIT_LISTING_AGAIN = "listing again through the SDK"
     # sqsinfer bench
     PY_SPY_MISSING = "--profile: py-spy is not installed (pip install py-spy)"
 

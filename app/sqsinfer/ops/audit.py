@@ -383,6 +383,7 @@ def _items(args: argparse.Namespace, run: _Run, s3: Any) -> AsyncIterator[Item]:
 async def _main(args: argparse.Namespace, run: _Run) -> int:
     from botocore.exceptions import BotoCoreError, ClientError
 
+    from sqsinfer.aws.s3 import DataPath
     from sqsinfer.aws.session import open_clients
 
     options = Options(
@@ -400,6 +401,7 @@ async def _main(args: argparse.Namespace, run: _Run) -> int:
                 options,
                 progress=progress,
                 tasks_out=run.tasks_out,
+                data=DataPath(args.endpoint_url, args.region, clients.credentials),
             )
             try:
                 report = await audit.run(_items(args, run, clients.s3))
