@@ -253,3 +253,37 @@ def test_a_killed_audit_and_the_next_one_report_the_same(stage: Stage, tmp_path,
         pytest.fail("every run ended before it could be killed")
     code, again = _audit(capsys, argv)
     assert (code, again) == (3, whole)
+
+
+def test_an_output_outside_the_prefix_is_looked_up_and_a_recompute_is_no_overwrite(
+    stage: Stage, tmp_path, capsys
+):
+    stage.s3.put_bucket_versioning(
+        Bucket=stage.bucket, VersioningConfiguration={"Status": "Enabled"}
+    )
+    b, chain = stage.bucket, Chain(stage)
+    lines = [  # two tasks name their own outputs, outside the stage's output prefix
+        json.dumps(
+            {"task_id": t, "input": f"s3://{b}/in/{t}.npy", "output": f"s3://{b}/own/{t}.npy"}
+        )
+        for t in ("e1", "e2")
+    ]
+    lines += [json.dumps({"task_id": t, "input": f"s3://{b}/in/{t}.npy"}) for t in ("r1", "w1")]
+    stage.s3.put_object(Bucket=b, Key="own/e1.npy", Body=b"s", Metadata={"task-id": "e1"})
+    chain.output(1, "r1")  # computed, removed by hand, computed again: no overwrite
+    stage.s3.delete_object(Bucket=b, Key="out1/r1.npy")
+    chain.output(1, "r1")
+    chain.output(1, "w1")  # written over: an overwrite
+    chain.output(1, "w1")
+    manifest = tmp_path / "tasks.jsonl"
+    manifest.write_text("\n".join(lines) + "\n")
+    argv = ["audit", str(manifest), "--endpoint-url", stage.endpoint, "--queue-url"]
+    argv += [stage.queue_url, "--output-prefix", f"s3://{b}/out1/", "--lineage"]
+    code, report = _audit(capsys, [*argv, "--allowed-output-prefixes", f"s3://{b}/"])
+    assert code == 1
+    assert {(f["task_id"], f["category"]) for f in report["findings"]} == {
+        ("e2", "missing"),
+        ("w1", "written_twice"),
+    }
+    (found,) = report["stages"]
+    assert (found["committed"], found["outputs_looked_up"]) == (2, 2)  # e1 and r1; e1 and e2

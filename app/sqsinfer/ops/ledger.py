@@ -125,6 +125,7 @@ class StageReport:
     dead_letters_unread: int = 0
     dead_letters_not_in_manifest: int = 0
     outputs_not_in_manifest: int = 0
+    outputs_looked_up: int = 0  # a message's own output outside the prefix: HEADed instead
     queue: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
@@ -142,6 +143,7 @@ class StageReport:
             "dead_letters_unread": self.dead_letters_unread,
             "dead_letters_not_in_manifest": self.dead_letters_not_in_manifest,
             "outputs_not_in_manifest": self.outputs_not_in_manifest,
+            "outputs_looked_up": self.outputs_looked_up,
             "queue": self.queue,
         }
 
@@ -203,6 +205,7 @@ class _Facts:
     dead: DeadLetter | None = None
     head: ObjectInfo | None = None  # with lineage: the output's HEAD (None: not made)
     link_state: str = ""  # the marker's state, when it had to be read
+    unlisted: bool = False  # a message's own output outside the listed prefix: a HEAD says
 
     @property
     def exists(self) -> bool:
@@ -237,6 +240,7 @@ class Audit:
             lineage=options.lineage,
         )
         self.indexes: list[KeyIndex] = []
+        self._listed_prefix = str(stages[0].output_prefix)
         # Per stage: task id -> its dead letter, and how many copies the DLQ holds. What
         # pass 2 does not take belongs to no task of the manifest.
         self.dead: list[dict[str, DeadLetter]] = [{} for _ in stages]
@@ -428,12 +432,11 @@ class Audit:
                 self.report.repeated_lines += 1
                 out.append(None)
                 continue
-            out.append(
-                [
-                    _Facts(flags[i][n], self.dead[i].pop(row[0], None))
-                    for i in range(len(self.stages))
-                ]
-            )
+            facts = [
+                _Facts(flags[i][n], self.dead[i].pop(row[0], None)) for i in range(len(self.stages))
+            ]
+            facts[0].unlisted = not row[2].startswith(self._listed_prefix)
+            out.append(facts)
         return out
 
     def _task(self, row: list[str], facts: list[_Facts] | None) -> asyncio.Future[list[Finding]]:
@@ -448,7 +451,7 @@ class Audit:
         return asyncio.ensure_future(self._with_heads(row, facts))
 
     def _needs_heads(self, facts: list[_Facts]) -> bool:
-        return any(
+        return facts[0].unlisted or any(
             self._head_output(facts, i) or self._read_link(facts, i) for i in range(len(facts))
         )
 
@@ -466,9 +469,14 @@ class Audit:
         )
 
     async def _with_heads(self, row: list[str], facts: list[_Facts]) -> list[Finding]:
+        if facts[0].unlisted:  # the listing could not say: its HEAD does (and its marker's)
+            facts[0].head = await self._head(_uri(row[2]))
+            facts[0].flags |= (EXISTS | MARKER) if facts[0].head is not None else 0
+            self.report.stages[0].outputs_looked_up += 1
+
         async def look(i: int) -> None:
             uri = _uri(row[2 + i])
-            if self._head_output(facts, i):
+            if self._head_output(facts, i) and facts[i].head is None:
                 facts[i].head = await self._head(uri)
             if self._read_link(facts, i):
                 marker = await self._head(S3Uri(uri.bucket, uri.key + MARKER_SUFFIX))
@@ -569,18 +577,24 @@ def _chunks(spool: IO[bytes]) -> Iterator[list[list[str]]]:
 
 
 class _VersionTally:
-    """Versions of the keys of a version listing, a page at a time."""
+    """Versions of the keys of a version listing, a page at a time.
+
+    A key was overwritten when it has more object versions than its deletions account
+    for: written, deleted and written again is no overwrite (a recompute after an
+    operator removed an output), written over without a deletion between is.
+    """
 
     def __init__(self) -> None:
-        self._pending: dict[str, list[int]] = {}  # key -> [object versions, latest is one]
+        # key -> [object versions, latest is an object, delete markers]
+        self._pending: dict[str, list[int]] = {}
 
     def add(self, page: dict[str, Any]) -> None:
         for version in page.get("Versions", []):
-            tally = self._pending.setdefault(version["Key"], [0, 0])
+            tally = self._pending.setdefault(version["Key"], [0, 0, 0])
             tally[0] += 1
             tally[1] |= bool(version.get("IsLatest"))
         for marker in page.get("DeleteMarkers", []):
-            self._pending.setdefault(marker["Key"], [0, 0])
+            self._pending.setdefault(marker["Key"], [0, 0, 0])[2] += 1
 
     def complete(self, *, final: bool = False) -> tuple[list[str], list[str]]:
         """(existing keys, non-marker keys written twice) of every key that is complete:
@@ -590,6 +604,10 @@ class _VersionTally:
         last = max(self._pending)
         done = {k: v for k, v in self._pending.items() if final or k != last}
         self._pending = {} if final else {last: self._pending[last]}
-        latest = [k for k, (_, is_object) in done.items() if is_object]
-        twice = [k for k, (n, _) in done.items() if n > 1 and not k.endswith(MARKER_SUFFIX)]
+        latest = [k for k, (_, is_object, _) in done.items() if is_object]
+        twice = [
+            k
+            for k, (n, _, deleted) in done.items()
+            if n > deleted + 1 and not k.endswith(MARKER_SUFFIX)
+        ]
         return latest, twice
