@@ -9,6 +9,8 @@ import random
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -120,8 +122,25 @@ def start_proxy(
     with open(os.path.join(workdir, "proxy.log"), "ab") as log_file:
         process = subprocess.Popen(args, stdout=log_file, stderr=log_file, env=proving.module_env())
     url = f"http://127.0.0.1:{port}"
-    standin.wait_until_up(url, process)
+    _wait_for_proxy(url, process)
     return process, url
+
+
+def _wait_for_proxy(url: str, process: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
+    """Until the proxy answers anything: whatever is behind it (moto, LocalStack) may
+    answer its path with an error."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the fault proxy exited with code {process.returncode}")
+        try:
+            with urllib.request.urlopen(url + "/", timeout=1):
+                return
+        except urllib.error.HTTPError:
+            return
+        except (urllib.error.URLError, OSError):
+            time.sleep(0.1)
+    raise RuntimeError(f"the fault proxy did not answer at {url} within {timeout_s} s")
 
 
 def _settings(name: str, chain: Chain, endpoint: str, config: LedgerConfig) -> dict[str, str]:

@@ -30,6 +30,7 @@ from sqsinfer.ops.redrive import reason_of
 
 _RELEASE_CHUNK = 4 * SQS_BATCH_MAX
 _RECHECK_S = 1.0
+_DETAIL_KEPT_CHARS = 200  # of a letter's detail: enough to act on, little to hold
 _POLL_S = 1
 _COUNTS = ("ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible")
 
@@ -77,7 +78,7 @@ def dead_letter(message: Message) -> DeadLetter:
     return DeadLetter(
         task_id=task_id,
         reason=reason_of(message),
-        detail=_attribute(message, DETAIL_ATTR),
+        detail=_attribute(message, DETAIL_ATTR)[:_DETAIL_KEPT_CHARS],
         source_queue=_attribute(message, SOURCE_QUEUE_ATTR),
         input=source,
     )
@@ -109,7 +110,10 @@ class DeadLetterReader:
             for message in batch:
                 if message.message_id not in self.held:
                     found.letters.append(dead_letter(message))
-                self.held[message.message_id] = message  # a lapsed hold: its newer receipt
+                # What handing it back needs, not its body: a lapsed hold's newer receipt.
+                self.held[message.message_id] = Message(
+                    message.message_id, message.receipt_handle, "", message.receive_count
+                )
             if batch:
                 continue
             found.unread = await self._held_elsewhere()
