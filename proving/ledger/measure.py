@@ -190,10 +190,13 @@ def measure(lines: int, runs: int, lineage: bool) -> dict[str, Any]:
                         json.dumps({"task_id": task_id(i), "input": f"s3://features/{i}.npy"})
                         + "\n"
                     )
-            done = [audit_once(url, queue_url, manifest, lineage) for _ in range(runs)]
+            done = []
+            for _ in range(runs):
+                done.append(audit_once(url, queue_url, manifest, lineage))
+                print(f"run {len(done)}: {done[-1]}", file=sys.stderr, flush=True)
     finally:
-        server.terminate()
-        server.wait(timeout=30)
+        server.kill()  # a million objects take long to free, and nothing is kept
+        server.wait()
     rates = [lines / run.seconds for run in done]
     rss = [run.peak_rss_bytes / 2**20 for run in done]
     return {
