@@ -287,3 +287,20 @@ def test_an_output_outside_the_prefix_is_looked_up_and_a_recompute_is_no_overwri
     }
     (found,) = report["stages"]
     assert (found["committed"], found["outputs_looked_up"]) == (2, 2)  # e1 and r1; e1 and e2
+
+
+def test_the_tasks_an_enqueue_from_a_listing_made_are_audited_from_that_listing(
+    stage: Stage, capsys
+):
+    for name in ("a", "b", "sub/c"):
+        stage.put_input(f"{name}.npy", b"features")
+    chain = Chain(stage)
+    chain.output(1, "a")
+    chain.output(1, "sub/c")
+    argv = ["audit", "--from-prefix", f"s3://{stage.bucket}/in/*.npy"]
+    argv += ["--endpoint-url", stage.endpoint, "--queue-url", stage.queue_url]
+    code, report = _audit(capsys, [*argv, "--output-prefix", f"s3://{stage.bucket}/out1/"])
+    assert code == 1 and report["tasks"] == 3
+    assert [(f["task_id"], f["category"], f["where"]) for f in report["findings"]] == [
+        ("b", "missing", f"s3://{stage.bucket}/in/b.npy")
+    ]
