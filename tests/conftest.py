@@ -10,6 +10,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -36,6 +37,38 @@ def _root_logging() -> Iterator[None]:
     yield
     root.handlers[:] = handlers
     root.setLevel(level)
+
+
+# AWS's own configuration: what a test of it clears first, so that a developer's shell (or
+# ~/.aws/config) does not decide where the test's calls go.
+AWS_VARIABLES = (
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+    "AWS_PROFILE",
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_S3",
+    "AWS_ENDPOINT_URL_SQS",
+    "AWS_IGNORE_CONFIGURED_ENDPOINT_URLS",
+    "AWS_CA_BUNDLE",
+    "REQUESTS_CA_BUNDLE",
+    "AWS_USE_FIPS_ENDPOINT",
+    "AWS_USE_DUALSTACK_ENDPOINT",
+    *(f"{name}_PROXY" for name in ("HTTP", "HTTPS", "ALL", "NO")),
+    *(f"{name}_proxy" for name in ("http", "https", "all", "no")),
+)
+
+
+@pytest.fixture
+def aws_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> pytest.MonkeyPatch:
+    """An environment with the stand-in's fake credentials and nothing else of AWS's
+    configuration (no region, no endpoint, no profile); set what a test needs on it."""
+    for name in AWS_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    for name, value in standin.FAKE_CREDENTIALS.items():
+        if name != "AWS_DEFAULT_REGION":
+            monkeypatch.setenv(name, value)
+    return monkeypatch
 
 
 @pytest.fixture(scope="session")
@@ -105,9 +138,10 @@ class Stage:
             got += batch
 
 
-def make_stage(endpoint: str) -> Stage:
-    """A fresh bucket and two queue pairs (this stage's, the next one's) at `endpoint`."""
-    s3, sqs = standin.clients(endpoint)
+def make_stage(endpoint: str, region: str = standin.REGION) -> Stage:
+    """A fresh bucket and two queue pairs (this stage's, the next one's) at `endpoint`, in
+    `region` (the stand-in keeps queues per region)."""
+    s3, sqs = standin.clients(endpoint, region)
     name = lab_stage.create_bucket(s3, "t" + uuid.uuid4().hex[:10])
     this, after = (
         lab_stage.create_queue(
@@ -123,27 +157,35 @@ def stage(moto: standin.MotoServer) -> Stage:
     return make_stage(moto.url)
 
 
+def stage_settings(stage: Stage, model_path: str, /, **overrides: Any) -> Settings:
+    """A worker's settings for `stage`, quick to start and stop; `overrides` win, and one
+    given as None is left unset (the worker's default)."""
+    values: dict[str, Any] = {
+        "queue_url": stage.queue_url,
+        "model_path": model_path,
+        "allowed_input_prefixes": f"s3://{stage.bucket}/in/",
+        "output_prefix": f"s3://{stage.bucket}/out/",
+        "endpoint_url": stage.endpoint,
+        "region": standin.REGION,  # the stand-in's, whatever AWS_REGION the shell has
+        "processes": "1",
+        "wait_time_s": "1",
+        "visibility_timeout_s": "30",
+        "heartbeat_s": "10",
+        "health_host": "127.0.0.1",
+        "health_port": "0",
+        "retry_base_s": "1",
+        "task_time_s": "5",
+        "drain_deadline_s": "10",
+    }
+    values.update({k: str(v) for k, v in overrides.items()})
+    unset = [k for k, v in overrides.items() if v is None]
+    return Settings.load(environ={}, overrides={k: values[k] for k in values if k not in unset})
+
+
 @pytest.fixture
 def make_settings(stage: Stage, model_path: str) -> Callable[..., Settings]:
     def make(**overrides: Any) -> Settings:
-        values: dict[str, Any] = {
-            "queue_url": stage.queue_url,
-            "model_path": model_path,
-            "allowed_input_prefixes": f"s3://{stage.bucket}/in/",
-            "output_prefix": f"s3://{stage.bucket}/out/",
-            "endpoint_url": stage.endpoint,
-            "processes": "1",
-            "wait_time_s": "1",
-            "visibility_timeout_s": "30",
-            "heartbeat_s": "10",
-            "health_host": "127.0.0.1",
-            "health_port": "0",
-            "retry_base_s": "1",
-            "task_time_s": "5",
-            "drain_deadline_s": "10",
-        }
-        values.update({k: str(v) for k, v in overrides.items()})
-        return Settings.load(environ={}, overrides=values)
+        return stage_settings(stage, model_path, **overrides)
 
     return make
 

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sqsinfer import config, logs
+from sqsinfer import __version__, config, logs
 
 # Only what every command needs is imported here. Started as the `sqsinfer` script, the
 # worker's spawned processes run that script again (as __mp_main__), and so import this
@@ -59,6 +59,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     try:
         return run_async(main())
+    except config.ConfigError as exc:  # AWS's configuration, read when the clients open
+        log.error(Event.CANNOT_START, extra={"error": str(exc), "setting": exc.setting})
+        print(f"sqsinfer worker: invalid setting: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except (ModelLoadError, StartupError) as exc:
         log.error(Event.CANNOT_START, extra={"error": str(exc)})
         print(f"sqsinfer worker: cannot start: {exc}", file=sys.stderr)
@@ -110,9 +114,16 @@ def _add_bench(sub: Any) -> None:
 
 
 def _add_operator_commands(sub: Any) -> None:
-    from sqsinfer.ops import add_audit, add_enqueue, add_plan, add_redrive, add_status
+    from sqsinfer.ops import (
+        add_audit,
+        add_diff,
+        add_enqueue,
+        add_plan,
+        add_redrive,
+        add_status,
+    )
 
-    for add in (add_enqueue, add_status, add_redrive, add_plan, add_audit):
+    for add in (add_enqueue, add_status, add_redrive, add_plan, add_audit, add_diff):
         add(sub)
 
 
@@ -127,7 +138,7 @@ COMMANDS: list[Callable[[Any], None]] = [
 # How `sqsinfer --help` groups the commands, by what they are for.
 GROUPS: dict[str, tuple[str, ...]] = {
     "run": ("worker",),
-    "operate": ("enqueue", "status", "redrive", "plan", "audit"),
+    "operate": ("enqueue", "status", "redrive", "plan", "audit", "diff"),
     "try and measure": ("demo", "bench"),
 }
 
@@ -149,12 +160,15 @@ def _grouped_help(sub: Any) -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sqsinfer",
-        usage="sqsinfer [-h] COMMAND ...",
+        usage="sqsinfer [-h] [--version] COMMAND ...",
         description="Batch ML inference: SQS in, S3 out, a spawn pool between.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"sqsinfer {__version__}")
+    # prog: each command's usage line names the command alone (`usage: sqsinfer worker
+    # [-h] ...`), not the top-level usage before it.
     sub = parser.add_subparsers(
-        dest="command", required=True, metavar="COMMAND", help=argparse.SUPPRESS
+        dest="command", required=True, metavar="COMMAND", help=argparse.SUPPRESS, prog="sqsinfer"
     )
     for add in COMMANDS:
         add(sub)
@@ -162,8 +176,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def warn_unknown_variables(command: str) -> None:
+    """A `SQSINFER_*` variable that is no setting would silently leave the default in
+    place (a typo): say so, with the closest setting's name."""
+    for name, closest in config.unknown_variables():
+        hint = f"; did you mean {closest}?" if closest else ""
+        print(
+            f"sqsinfer {command}: warning: {name} is not a setting, ignored{hint}", file=sys.stderr
+        )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "worker" or getattr(args, "borrowed", ()):
+        warn_unknown_variables(args.command)
     if getattr(args, "borrowed", ()):
         try:
             config.read_borrowed(args)

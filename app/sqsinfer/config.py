@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import logging
 import os
 import re
@@ -19,6 +20,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from sqsinfer import events
 from sqsinfer.compute import formats, handlers
 from sqsinfer.limits import SQS_DEFAULT_MAX_MESSAGE_BYTES, SQS_MAX_VISIBILITY_S, SQS_MAX_WAIT_S
 from sqsinfer.lineage import MAX_HANDLER_NAME_BYTES, MAX_WORKER_ID_BYTES
@@ -35,6 +37,9 @@ ENV_PREFIX = "SQSINFER_"
 # then tasks still running are cancelled and their messages released within this long.
 COMMIT_GRACE_S = 10.0
 FORCED_RELEASE_S = 5.0
+# The long poll pending at SIGTERM is let end (its messages are then released): within
+# wait_time_s, and this long for its answer to arrive.
+LAST_RECEIVE_GRACE_S = 5.0
 _MODEL_DIR = "sqsinfer-model"
 _DRAIN_MARGIN_S = 10.0  # the derived drain: a task started just before SIGTERM, and its commit
 
@@ -45,6 +50,15 @@ class ConfigError(Exception):
     def __init__(self, name: str, problem: str) -> None:
         self.setting = env_name(name)
         super().__init__(f"{self.setting} (--{name.replace('_', '-')}): {problem}")
+
+
+class AwsConfigError(ConfigError):
+    """A variable of AWS's own configuration (or the AWS config file) that the SDK reads
+    for the worker is invalid, or names what the worker cannot honour; names it."""
+
+    def __init__(self, variable: str, problem: str) -> None:
+        self.setting = variable
+        Exception.__init__(self, f"{variable}: {problem}")
 
 
 def env_name(name: str) -> str:
@@ -69,6 +83,12 @@ def parse_prefetch(text: str) -> int | str:
 def _output_format(text: str) -> str:
     if text not in formats.OUTPUT_NAMES:
         raise ValueError("must be one of " + ", ".join(formats.OUTPUT_NAMES))
+    return text
+
+
+def _message_shape(text: str) -> str:
+    if text not in events.MESSAGE_SHAPES:
+        raise ValueError("must be one of " + ", ".join(events.MESSAGE_SHAPES))
     return text
 
 
@@ -130,6 +150,12 @@ class Settings:
     output_format: str = _opt(
         "npy", "format of derived output keys: npy, json or parquet", _output_format
     )
+    message_shape: str = _opt(
+        events.SQSINFER,
+        "what a message is: sqsinfer (a task message), s3-event (an S3 event notification: "
+        "S3's own, wrapped by SNS, or EventBridge's) or auto (either, told apart by shape)",
+        _message_shape,
+    )
     processes: int = _opt(0, "inference processes; 0 = the CPUs this container may use", int)
     threads_per_process: int = _opt(1, "threads each process gives the model", int)
     prefetch: int | str = _opt(
@@ -167,7 +193,8 @@ class Settings:
     )
     chain_settle_s: float = _opt(
         30.0,
-        "a delivery that finds another's chain intent waits this long, then takes the link over",
+        "a delivery that finds another's chain intent waits this long, then takes the link "
+        "over; with task_time_s, below max_task_time_s",
         float,
     )
     max_message_bytes: int = _opt(
@@ -177,8 +204,17 @@ class Settings:
     max_decoded_bytes: int = _opt(256 * 2**20, "largest decoded input array", int)
     retry_base_s: float = _opt(5.0, "visibility delay of a first transient failure", float)
     retry_max_s: float = _opt(900.0, "longest visibility delay of a retried message", float)
-    endpoint_url: str = _opt("", "AWS endpoint (a local stand-in such as a moto server)")
-    region: str = _opt("us-east-1", "AWS region")
+    endpoint_url: str = _opt(
+        "",
+        "endpoint of S3 and SQS (a local stand-in such as a moto server); default: "
+        "AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL_SQS, AWS_ENDPOINT_URL, the AWS profile's, "
+        "else AWS's own",
+    )
+    region: str = _opt(
+        "",
+        "AWS region; default: AWS_REGION, then AWS_DEFAULT_REGION, then the AWS profile's; "
+        "one is required",
+    )
     health_host: str = _opt("0.0.0.0", "address of the health and metrics server")
     health_port: int = _opt(8080, "port of /livez /readyz /metrics; 0 picks a free one", int)
     stall_s: float = _opt(
@@ -195,8 +231,13 @@ class Settings:
 
     @property
     def shutdown_budget_s(self) -> float:
-        """The longest a worker takes from SIGTERM to exit: the pod's grace must exceed it."""
-        return self.drain_deadline_s + COMMIT_GRACE_S + FORCED_RELEASE_S
+        """The longest a worker takes from SIGTERM to exit: the pod's grace must exceed it.
+
+        The drain and the end of the pending long poll run side by side; whichever ends
+        later starts the commit grace and the forced release.
+        """
+        last_receive_s = self.wait_time_s + LAST_RECEIVE_GRACE_S
+        return max(self.drain_deadline_s, last_receive_s) + COMMIT_GRACE_S + FORCED_RELEASE_S
 
     # -- construction ---------------------------------------------------------------
     @classmethod
@@ -297,6 +338,13 @@ def _check_outputs(s: Settings, _: bool) -> None:
         "output_format",
         "must be one of " + ", ".join(formats.OUTPUT_NAMES),
     )
+    _require(
+        s.message_shape in events.MESSAGE_SHAPES,
+        "message_shape",
+        "must be one of " + ", ".join(events.MESSAGE_SHAPES),
+    )
+    if s.message_shape != events.SQSINFER:
+        _check_no_event_loop(s)
     missing = formats.named(s.output_format).missing
     _require(not missing, "output_format", f"is {s.output_format}, but {missing}")
     if s.output_prefix is not None:
@@ -316,6 +364,23 @@ def _check_outputs(s: Settings, _: bool) -> None:
         "handler",
         f"must be one of {', '.join(handlers.REGISTRY)} or a path such as package.module:Class",
     )
+
+
+def _check_no_event_loop(s: Settings) -> None:
+    """A stage fed by S3 events must not write where it reads: each output (and chain
+    marker) would be a new object under an input prefix, its event scored again, forever."""
+    for out in s.allowed_output_prefixes:
+        for inp in s.allowed_input_prefixes:
+            overlap = out.bucket == inp.bucket and (
+                out.key.startswith(inp.key) or inp.key.startswith(out.key)
+            )
+            _require(
+                not overlap,
+                "allowed_input_prefixes",
+                f"{inp} overlaps the output prefix {out}: with message_shape "
+                f"{s.message_shape}, each output would be an S3 event under an input prefix, "
+                "scored again; keep outputs outside the input prefixes",
+            )
 
 
 def _check_numbers(s: Settings, _: bool) -> None:
@@ -342,7 +407,7 @@ def _check_numbers(s: Settings, _: bool) -> None:
     )
     _require(0 <= s.wait_time_s <= SQS_MAX_WAIT_S, "wait_time_s", f"must be 0-{SQS_MAX_WAIT_S}")
     _check_task_times(s)
-    _require(s.chain_settle_s > 0, "chain_settle_s", "must be above 0")
+    _check_chain_settle(s)
     _require(0 < s.retry_base_s <= s.retry_max_s, "retry_base_s", "must be in (0, retry_max_s]")
     _require(
         s.retry_max_s <= SQS_MAX_VISIBILITY_S, "retry_max_s", f"at most {SQS_MAX_VISIBILITY_S}"
@@ -418,6 +483,23 @@ def _check_filled(prefix: S3Uri, name: str, model_version: str) -> None:
         raise ConfigError(name, f"once its placeholders are filled: {exc}") from None
 
 
+def _check_chain_settle(s: Settings) -> None:
+    _require(s.chain_settle_s > 0, "chain_settle_s", "must be above 0")
+    if not s.next_queue_url:
+        return  # nothing is chained: the settle is never waited
+    # A delivery may compute for task_time_s and then wait out a whole settle, holding
+    # its message; past max_task_time_s the keeper abandons it first (a receive spent,
+    # and on a queue that keeps failing to settle, the DLQ) instead of taking over.
+    _require(
+        s.task_time_s + s.chain_settle_s < s.max_task_time_s,
+        "chain_settle_s",
+        f"is {s.chain_settle_s:g} s: with {env_name('task_time_s')} "
+        f"({s.task_time_s:g} s) it must stay below {env_name('max_task_time_s')} "
+        f"({s.max_task_time_s:g} s), or a delivery waiting for another's chain link is "
+        "abandoned and retried before it may take the link over",
+    )
+
+
 def _check_logging(s: Settings, _: bool) -> None:
     _require(
         logging.getLevelName(s.log_level.upper()) in (10, 20, 30, 40),
@@ -425,12 +507,25 @@ def _check_logging(s: Settings, _: bool) -> None:
         "must be DEBUG, INFO, WARNING or ERROR",
     )
     _require(s.log_format in ("auto", "json", "console"), "log_format", "json, console or auto")
-    _require(bool(s.region), "region", "is required")
 
 
 _CHECKS = (_check_required, _check_outputs, _check_numbers, _check_lineage, _check_logging)
 
 ENV_NAMES: tuple[str, ...] = tuple(env_name(f.name) for f in fields(Settings))
+
+
+def unknown_variables(environ: Mapping[str, str] | None = None) -> list[tuple[str, str]]:
+    """`SQSINFER_*` variables that are no setting, each with the closest setting's name
+    ("" when none is close): a misspelt one would otherwise run on the default, unseen."""
+    environ = os.environ if environ is None else environ
+    found = sorted(n for n in environ if n.startswith(ENV_PREFIX) and n not in ENV_NAMES)
+    # Compared without the prefix they all share, which would make any name look close.
+    tails = [n.removeprefix(ENV_PREFIX) for n in ENV_NAMES]
+    out = []
+    for name in found:
+        close = difflib.get_close_matches(name.removeprefix(ENV_PREFIX), tails, n=1)
+        out.append((name, ENV_PREFIX + close[0] if close else ""))
+    return out
 
 
 def available_cpus() -> int:

@@ -40,6 +40,10 @@ class Event(StrEnum):
     DRAINING = "draining"
     STOPPED = "stopped"
     DRAIN_DEADLINE_PASSED = "drain deadline passed, releasing"
+    LAST_RECEIVE_RELEASED = "released what the last receive brought"
+    LAST_RECEIVE_ABANDONED = "last receive abandoned"
+    RECEIVING_PAUSED = "no inference process can start: receiving paused, releasing"
+    RECEIVING_RESUMED = "an inference process is back: receiving again"
     # one message's outcome and its steps
     TASK_FAILED = "task failed, will retry"
     DELETE_FAILED = "delete failed"
@@ -50,6 +54,7 @@ class Event(StrEnum):
     HAND_BACK_FAILED = "could not hand back message"
     TASK_FINISHED = "task finished"
     OUTPUT_OF_ANOTHER_MODEL = "output written by another model"
+    EVENT_IGNORED = "event ignored"
     # the link to the next stage
     CHAIN_LINK_TAKEN_OVER = "chain link taken over"
     NEXT_STAGE_SEND_FAILED = "next stage send failed"
@@ -84,6 +89,7 @@ class Event(StrEnum):
     CONDITIONAL_PUT_RETRIED = "conditional put again"
     GET_BODY_BROKE_OFF = "GET body broke off, again"
     CONDITIONAL_PUT_CONFLICT = "conditional put conflict"
+    DATA_PATH_ROUTED = "data path reaches bucket"
     # /dev/shm
     SWEPT = "swept what dead workers left"
     CANNOT_SWEEP = "cannot sweep"

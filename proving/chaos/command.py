@@ -11,9 +11,19 @@ import tempfile
 import time
 from collections.abc import Sequence
 
-from proving.chaos.disrupt import PROXY_LOG, SENDS, Chaos, Events, run_until_drained, start_proxy
+from proving.chaos import events as s3_events
+from proving.chaos.disrupt import (
+    PROXY_LOG,
+    SENDS,
+    Chaos,
+    Events,
+    Feeding,
+    run_until_drained,
+    start_proxy,
+)
 from proving.chaos.verdict import (
     Findings,
+    check_events,
     check_logs,
     check_outputs,
     check_queues,
@@ -21,10 +31,12 @@ from proving.chaos.verdict import (
     check_visibility,
     json_lines,
     proxy_counts,
+    resets_by_queue,
 )
 from proving.chaos.workload import (
     FEATURES,
     ChaosConfig,
+    add_event_poison,
     add_non_xml,
     add_squatters,
     prepare,
@@ -57,6 +69,7 @@ def run(config: ChaosConfig) -> Findings:
         work, queues = prepare(moto.url, config)
         add_squatters(moto.url, config, work)
         add_non_xml(moto.url, config, work)
+        add_event_poison(config, work)
         models = {
             # Big enough that predictions take milliseconds: kills can land inside one.
             "stage1": synthetic.train_model(
@@ -66,12 +79,17 @@ def run(config: ChaosConfig) -> Findings:
         }
         proxy, proxy_url = start_proxy(moto.url, config, workdir, queues)
         chaos = Chaos(config, workdir)
+        tally = s3_events.Tally()
         started = time.monotonic()
         try:
             chaos.start_workers(queues, proxy_url, models)
             stage.wait_ready(chaos.workers)
-            feed = start_feeding(moto.url, queues["stage1"], work.bodies, config.feed_depth)
-            drained = run_until_drained(chaos, feed, moto.url, queues, len(work.valid))
+            feeds: list[Feeding] = [
+                start_feeding(moto.url, queues["stage1"], work.bodies, config.feed_depth)
+            ]
+            if config.s3_events:
+                feeds += s3_events.start(moto.url, work, config, queues, tally)
+            drained = run_until_drained(chaos, feeds, moto.url, queues, len(work.valid))
             elapsed = time.monotonic() - started
             # A worker restarted near the end may still be importing, when a SIGTERM
             # kills it outright: the exit codes checked below are those of a drain.
@@ -88,14 +106,17 @@ def run(config: ChaosConfig) -> Findings:
         findings.expect(drained, f"queues did not drain within {config.timeout_s} s")
         findings.expect(not any(codes), f"workers exited with {codes} at the end")
         findings.expect(events_ok(chaos.events, config), "not all chaos events happened")
+        proxy_lines = json_lines(os.path.join(workdir, PROXY_LOG))
         check_outputs(moto.url, work, models, findings)
-        check_queues(moto.url, work, queues, findings)
+        check_queues(moto.url, work, queues, resets_by_queue(proxy_lines), findings)
         worker_lines = {w.name: w.log_records() for w in chaos.workers}
         check_logs(worker_lines, work, findings)
-        proxy_lines = json_lines(os.path.join(workdir, PROXY_LOG))
         check_sends(moto.url, json_lines(os.path.join(workdir, SENDS)), work, queues, findings)
         check_visibility(worker_lines, proxy_lines, chaos, findings)
         findings.figures["faults injected"] = proxy_counts(proxy_lines)
+        if config.s3_events:
+            findings.figures |= tally.figures()
+            check_events(worker_lines, tally, findings)
         print_report(findings, chaos.events, elapsed)
         if config.logs_dir:
             shutil.copytree(
@@ -123,20 +144,28 @@ OPTION_HELP = {
     "feed_depth": "messages the feeder keeps waiting on stage 1",
     "squatters": "tasks whose output another producer created first",
     "non_xml": "sets of messages with characters SQS refuses",
-    "slow_tasks": "tasks whose input read is held past two visibility timeouts",
-    "visibility_delay_calls": "extension calls held back",
+    "slow_tasks": "tasks whose input read is held for three visibility timeouts",
+    "visibility_delay_calls": "extension calls of the slow tasks held back, at most",
     "s3_5xx": "S3 requests answered 500 or 503 (rate)",
     "s3_conflict": "conditional puts answered 409 (rate)",
     "sqs_errors": "SQS requests answered 500 or throttled (rate)",
     "latency_ms": "latency added to each request, up to (ms)",
     "drop": "answers cut off after the service acted (rate)",
+    "reset": "sends, puts and deletes reset (RST) after the service acted (rate)",
     "send_drop": "next-stage send answers lost after SQS took the message (rate)",
+    "send_reset": "next-stage sends reset (RST) after SQS took the message (rate)",
     "marker_failures": "chain markers whose records meet a burst of 503s (rate)",
     "poison_rate": "bad messages among the tasks (rate)",
     "duplicate_rate": "tasks sent twice (rate)",
     "visibility_delay_s": "how long a held-back extension call waits (s)",
     "visibility_delay_rate": "extension calls held back, while any are left (rate)",
     "timeout_s": "give up after (s)",
+    "s3_events": "feed stage 1 from its bucket's S3 event notifications, with their faults",
+    "odd_keys": "with --s3-events: keys with spaces, +, = and letters beyond ASCII (rate)",
+    "overwrites": "with --s3-events: inputs written twice, two events for one output (rate)",
+    "deletes": "with --s3-events: inputs deleted as soon as written (rate)",
+    "event_poison": "with --s3-events: objects whose events are refused",
+    "multi_records": "with --s3-events: events merged into bodies of several records (rate)",
 }
 
 
@@ -146,18 +175,18 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run a two-stage chain under faults and kills, then check that nothing "
         "was lost.",
         epilog="example:\n  python -m proving.chaos --tasks 2000\n"
-        "  python -m proving.chaos --tasks 100 --s3-5xx 0.2",
+        "  python -m proving.chaos --tasks 100 --s3-5xx 0.2\n"
+        "  python -m proving.chaos --tasks 2000 --s3-events",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     defaults = ChaosConfig()
     for name, text in OPTION_HELP.items():
         default = getattr(defaults, name)
-        p.add_argument(
-            "--" + name.replace("_", "-"),
-            type=type(default),
-            default=default,
-            help=f"{text} ({default:g})",
-        )
+        flag = "--" + name.replace("_", "-")
+        if isinstance(default, bool):
+            p.add_argument(flag, action="store_true", help=text)
+            continue
+        p.add_argument(flag, type=type(default), default=default, help=f"{text} ({default:g})")
     p.add_argument("--logs-dir", default="", help="keep every worker's JSON log here")
     return p
 

@@ -355,6 +355,7 @@ def full_worker_values(tmp_path: Path) -> dict[str, Any]:
         output_prefix="s3://out-bucket/out/",
         allowed_output_prefixes=["s3://out-bucket/"],
         endpoint_url="http://127.0.0.1:5000",
+        region="eu-west-1",
         worker_id="w-1",
         processes=3,
         max_decoded_bytes=300_000_000,
@@ -487,32 +488,41 @@ def shutdown_settings(env: dict[str, str], tmp_path: Path) -> Settings:
     return worker_settings(required | env, model)
 
 
-def least_grace(drain_s: float) -> int:
+def least_grace(drain_s: float, wait_s: int | None = None) -> int:
     """What the worker needs from SIGTERM to exit, by its own numbers, plus the exit margin."""
-    budget = Settings(drain_deadline_s=drain_s).shutdown_budget_s
-    return math.ceil(budget) + EXIT_MARGIN_S
+    settings = Settings(drain_deadline_s=drain_s)
+    if wait_s is not None:
+        settings = dataclasses.replace(settings, wait_time_s=wait_s)
+    return math.ceil(settings.shutdown_budget_s) + EXIT_MARGIN_S
+
+
+def _times(task: float | None, drain: float | None, wait: int | None = None) -> dict[str, Any]:
+    return {"task_time_s": task, "drain_deadline_s": drain, "wait_time_s": wait}
 
 
 @pytest.mark.parametrize(
-    ("task", "drain", "grace"),
+    ("worker", "grace"),
     [
-        (None, None, 90),  # the worker's 60 s tasks: drain 70 s + 10 + 5 + 5
-        (15, None, 45),  # drain 25 s
-        (30, None, 60),
-        (20.5, None, 51),  # drain 30.5 s: the budget rounds up
-        (None, 100, 120),  # an explicit drain above the derived one
-        (30, 0, 60),  # 0 means derived, as for the worker
+        (_times(None, None), 90),  # the worker's 60 s tasks: drain 70 s + 10 + 5 + 5
+        (_times(15, None), 45),  # drain 25 s
+        (_times(30, None), 60),
+        (_times(20.5, None), 51),  # drain 30.5 s: the budget rounds up
+        (_times(None, 100), 120),  # an explicit drain above the derived one
+        (_times(30, 0), 60),  # 0 means derived, as for the worker
+        (_times(5, None), 45),  # drain 15 s, but the last long poll ends 20 + 5 s in
+        (_times(5, None, wait=5), 35),  # a 5 s long poll: the drain decides
     ],
 )
 def test_grace_period_is_derived_as_the_worker_derives_its_shutdown(
-    chart: helm.Chart, task: float | None, drain: float | None, grace: int, tmp_path: Path
+    chart: helm.Chart, worker: dict[str, Any], grace: int, tmp_path: Path
 ) -> None:
-    rendered = render(chart, {"worker": {"task_time_s": task, "drain_deadline_s": drain}})
+    rendered = render(chart, {"worker": worker})
     assert pod_spec(rendered)["terminationGracePeriodSeconds"] == grace
     env = rendered.env()
-    assert ("SQSINFER_DRAIN_DEADLINE_S" in env) == (drain is not None)  # 0 and unset: derived
+    # 0 and unset: derived, as for the worker
+    assert ("SQSINFER_DRAIN_DEADLINE_S" in env) == (worker["drain_deadline_s"] is not None)
     settings = shutdown_settings(env, tmp_path)
-    assert grace == least_grace(settings.drain_deadline_s)
+    assert grace == least_grace(settings.drain_deadline_s, settings.wait_time_s)
     assert f"drain {settings.drain_deadline_s:g} s within a grace period of {grace} s" in (
         rendered.notes.replace(".0 s", " s")
     )
@@ -554,7 +564,11 @@ def test_the_chart_holds_the_workers_shutdown_numbers() -> None:
     assert 'addf (include "sqsinfer.taskTime" . | float64) 10.0' in helpers
     assert config._DRAIN_MARGIN_S == 10.0
     assert config.COMMIT_GRACE_S + config.FORCED_RELEASE_S == 15.0
-    assert 'addf (include "sqsinfer.drain" . | float64) 15.0' in helpers
+    assert 'addf (include "sqsinfer.shutdownWait" . | float64) 15.0' in helpers
+    default_wait = next(f.default for f in dataclasses.fields(Settings) if f.name == "wait_time_s")
+    assert f"{{{{ {float(default_wait):.1f} }}}}" in helpers  # the worker's long-poll wait
+    assert config.LAST_RECEIVE_GRACE_S == 5.0
+    assert 'addf (include "sqsinfer.waitTime" . | float64) 5.0' in helpers
 
 
 @pytest.mark.parametrize("stage", [None, *STAGES])
@@ -602,6 +616,39 @@ def test_scaled_object_trigger(
     auth = rendered.one("TriggerAuthentication")
     assert trigger["authenticationRef"]["name"] == auth["metadata"]["name"]
     assert auth["spec"]["podIdentity"] == {"provider": "aws", "identityOwner": "workload"}
+
+
+@pytest.mark.parametrize(
+    ("queue_url", "region"),
+    [
+        ("https://sqs.ap-southeast-2.amazonaws.com/123456789012/q", "ap-southeast-2"),
+        ("https://sqs-fips.us-gov-west-1.amazonaws.com/123456789012/q", "us-gov-west-1"),
+        ("https://sqs.cn-north-1.amazonaws.com.cn/123456789012/q", "cn-north-1"),
+        ("https://eu-central-1.queue.amazonaws.com/123456789012/q", "eu-central-1"),
+    ],
+)
+def test_keda_takes_the_region_from_the_queue_url_when_none_is_set(
+    chart: helm.Chart, queue_url: str, region: str
+) -> None:
+    rendered = render(chart, {"worker": {"queue_url": queue_url}})
+    assert sqs_trigger(rendered)["metadata"]["awsRegion"] == region
+    # The worker resolves its own: the pod's AWS_REGION (EKS injects it), as the SDK does.
+    assert "SQSINFER_REGION" not in rendered.env()
+
+
+def test_keda_takes_the_workers_region_when_set(chart: helm.Chart) -> None:
+    queue_url = "https://sqs.ap-southeast-2.amazonaws.com/123456789012/q"
+    rendered = render(chart, {"worker": {"queue_url": queue_url, "region": "eu-west-1"}})
+    assert sqs_trigger(rendered)["metadata"]["awsRegion"] == "eu-west-1"
+    assert rendered.env()["SQSINFER_REGION"] == "eu-west-1"  # one value for both
+
+
+def test_a_queue_url_that_names_no_region_needs_one_set(chart: helm.Chart) -> None:
+    local = {"queue_url": "http://localstack:4566/000000000000/q"}
+    with pytest.raises(helm.HelmRenderError, match=r"\(localstack\) names none: set worker.region"):
+        render(chart, {"worker": local})
+    rendered = render(chart, {"worker": local | {"region": "eu-west-1"}})
+    assert sqs_trigger(rendered)["metadata"]["awsRegion"] == "eu-west-1"
 
 
 @pytest.mark.parametrize(

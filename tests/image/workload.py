@@ -166,6 +166,7 @@ def release_values(image: str, endpoint: str, **worker: Any) -> dict[str, Any]:
         "extraEnv": [{"name": k, "value": v} for k, v in standin.FAKE_CREDENTIALS.items()],
         "worker": {
             "endpoint_url": endpoint,
+            "region": standin.REGION,  # the stand-in's queue URLs name none, for KEDA's
             "health_host": "127.0.0.1",
             "health_port": free_port(),
             **SHORT_DRAIN,

@@ -4,12 +4,18 @@ model A scores a batch, model B the same inputs into its own prefix, `audit` for
 
 from __future__ import annotations
 
-import importlib.util
+import hashlib
+import io
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
 
 from sqsinfer.lab import stage, standin, synthetic
 from tests.conftest import N_FEATURES
@@ -17,14 +23,6 @@ from tests.conftest import N_FEATURES
 ROOT = Path(__file__).resolve().parents[2]
 MARKER = "<!-- walkthrough:"
 TASKS = 12
-
-# -- The `sqsinfer diff` step -------------------------------------------------------------
-# `sqsinfer diff` (sqsinfer.ops.diff) is built on another branch. Until it is on this one
-# the walkthrough's diff line is not run, and the test checks that this is the only line
-# left out; once the module exists the line runs as printed and must exit 0. Nothing
-# stands in for its output.
-DIFF_AVAILABLE = importlib.util.find_spec("sqsinfer.ops.diff") is not None
-DIFF_SKIPPED = "walkthrough: the sqsinfer diff step is not run: sqsinfer.ops.diff is absent"
 
 
 def walkthrough_lines() -> list[str]:
@@ -62,8 +60,6 @@ def script(lines: list[str], python: str) -> str:
                 'kill -TERM "$worker"',
                 'wait "$worker"',
             ]
-        elif line.startswith("sqsinfer diff") and not DIFF_AVAILABLE:
-            out.append(f"echo '{DIFF_SKIPPED}'")
         else:
             out.append(line)
     return "\n".join(out) + "\n"
@@ -105,6 +101,15 @@ def _prepare(endpoint: str, workdir: Path) -> dict[str, str]:
     }
 
 
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _output(s3: Any, prefix: str, task: str) -> np.ndarray:
+    body = s3.get_object(Bucket="scores", Key=f"{prefix}/{task}.npy")["Body"].read()
+    return np.load(io.BytesIO(body), allow_pickle=False).astype(np.float64)
+
+
 def test_the_rescoring_walkthrough_runs_as_printed(tmp_path):
     lines = walkthrough_lines()
     assert any(line.startswith("sqsinfer diff ") for line in lines)
@@ -123,8 +128,22 @@ def test_the_rescoring_walkthrough_runs_as_printed(tmp_path):
             (tmp_path / "worker.log").read_text() if (tmp_path / "worker.log").exists() else ""
         )
         assert done.returncode == 0, done.stdout + done.stderr + worker_log[-3000:]
-        keys = stage.list_keys(standin.clients(moto.url)[0], "scores", "")
+        s3 = standin.clients(moto.url)[0]
+        keys = stage.list_keys(s3, "scores", "")
+        sha = {m: _sha256(tmp_path / f"model-{m}.ubj")[:12] for m in "ab"}
+        direct = max(
+            float(np.abs(_output(s3, sha["a"], task) - _output(s3, sha["b"], task)).max())
+            for task in (f"user-{i}" for i in range(TASKS))
+        )
     prefixes = {key.split("/", 1)[0] for key in keys}
     assert len(prefixes) == 2 and len(keys) == 2 * TASKS  # B's beside A's, none lost
     assert "every task committed once at every stage by the model asked" in done.stdout
-    assert (DIFF_SKIPPED in done.stdout) == (not DIFF_AVAILABLE)
+    # The diff ran as printed, on A's prefix and B's: every task's two outputs read and
+    # compared, the largest change the one numpy finds in the same outputs.
+    diff = done.stdout[re.search(r"^diff\s*$", done.stdout, re.M).start() :]
+    rows = dict(re.findall(r"^  (\S(?:.*?\S)?) {2,}(\S.*?)\s*$", diff, re.M))
+    assert (rows["A"], rows["B"]) == (f"s3://scores/{sha['a']}/", f"s3://scores/{sha['b']}/")
+    assert (rows["tasks"], rows["compared"]) == (f"{TASKS} (manifest)", str(TASKS))
+    assert all(rows[name] == "0" for name in ("only in A", "only in B", "unreadable"))
+    largest = float(rows["max |a-b|"].split()[-1])
+    assert largest == pytest.approx(direct, rel=1e-3)

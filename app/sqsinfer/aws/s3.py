@@ -17,7 +17,7 @@ from collections.abc import AsyncIterable, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import aiohttp
 import obstore
@@ -25,6 +25,7 @@ from botocore.exceptions import ClientError
 from obstore.exceptions import AlreadyExistsError, GenericError
 from obstore.store import S3Store
 
+from sqsinfer.aws.endpoints import BucketRoute
 from sqsinfer.aws.session import SDK_RETRIES, error_code, http_status
 from sqsinfer.backoff import Backoff
 from sqsinfer.compute.errors import InputError
@@ -33,7 +34,8 @@ from sqsinfer.messages import S3Uri
 from sqsinfer.shm import Segments, SharedInput
 
 if TYPE_CHECKING:
-    from obstore.store import ClientConfig
+    from obstore import GetOptions
+    from obstore.store import ClientConfig, S3CredentialProvider
 
 log = logging.getLogger("sqsinfer.storage")
 
@@ -46,7 +48,9 @@ _CONFLICT_RETRIES = 5
 _CONFLICT_STATUS = "409 Conflict"  # how object_store's message names S3's 409
 _PUT_BACKOFF = Backoff(base_s=0.1, max_s=2.0)
 # In object_store's message once it retried a call itself (5xx, throttling): not again.
-_SPENT_RETRIES = "max_retries"
+# ("after 3 retries, max_retries: 3"; the debug dump obstore appends names max_retries
+# even when it made no retry, as for a connection reset in flight.)
+_SPENT_RETRIES = " retries, max_retries: "
 # What a GET whose body broke off half-way raises (the SDK's, or obstore's).
 _BROKEN_BODY = (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, OSError, GenericError)
 # Request timeouts as the SDK client's: connect 5 s; a whole call (obstore times whole
@@ -58,7 +62,9 @@ _CALL_TIMEOUT = "300s"
 @dataclass(frozen=True)
 class ObjectInfo:
     metadata: dict[str, str]
-    age_s: float  # by the server's own clock: its Date header minus Last-Modified
+    # By the server's own clock: its Date header minus Last-Modified (without a Date
+    # header, the worker's clock stands in: docs/running.md, the chain link).
+    age_s: float
     etag: str = ""  # what a compare-and-swap write (`put_if_match`) names
 
 
@@ -79,51 +85,66 @@ class DataPath:
     through obstore (the Rust `object_store` crate): about half the client CPU per call
     of the SDK's (measured: GET of 2 MB into shared memory 2.2 -> 1.6 ms, PUT 1.9 -> 0.4).
 
-    One S3Store per bucket, each built from the worker's own endpoint, region and
-    credentials (`credentials` is the SDK session's, asked again every few minutes), with
-    the SDK's number of retries. Everything else (the HEAD that reads an owner, the chain
+    One S3Store per bucket, built from what the SDK's S3 client does for that bucket
+    (`route`, see `endpoints`): its URL (virtual-hosted or path style, a FIPS or
+    dual-stack host, a custom endpoint), its proxy, its CA bundle, its region, with the
+    session's credentials (`credentials`, asked again every few minutes) and the SDK's
+    number of retries. Everything else (the HEAD that reads an owner, the chain
     marker's compare-and-swap writes, whose age comes from the server's Date header)
     stays on the SDK client. `on_call(operation, failed)` counts each call.
     """
 
     def __init__(
         self,
-        endpoint_url: str,
-        region: str,
+        route: Callable[[str], Awaitable[BucketRoute]],
         credentials: Callable[[], Awaitable[dict[str, Any]]],
         on_call: Callable[[str, bool], None] | None = None,
     ) -> None:
-        self._endpoint = endpoint_url
-        self._region = region
+        self._route = route
         self._credentials = credentials
         self._on_call = on_call or (lambda operation, failed: None)
         self._stores: dict[str, S3Store] = {}
+        self._making = asyncio.Lock()
 
-    def store(self, bucket: str) -> S3Store:
+    async def store(self, bucket: str) -> S3Store:
         found = self._stores.get(bucket)
         if found is None:
-            found = self._stores[bucket] = self._new_store(bucket)
+            async with self._making:
+                found = self._stores.get(bucket)
+                if found is None:
+                    route = await self._route(bucket)
+                    found = self._stores[bucket] = self._new_store(route)
+                    log.info(Event.DATA_PATH_ROUTED, extra=route.describe())
         return found
 
-    def _new_store(self, bucket: str) -> S3Store:
+    def _new_store(self, route: BucketRoute) -> S3Store:
+        """The bucket's store, told explicitly every setting obstore would otherwise read
+        from `AWS_*` and proxy variables by rules of its own."""
         options: ClientConfig = {
             "connect_timeout": _CONNECT_TIMEOUT,
             "timeout": _CALL_TIMEOUT,
-            "allow_http": self._endpoint.startswith("http:"),
+            "allow_http": route.endpoint.startswith("http:"),
         }
-        common: dict[str, Any] = {
-            "client_options": options,
-            "retry_config": {"max_retries": SDK_RETRIES},
-            "credential_provider": self._credentials,
-        }
-        if not self._endpoint:  # AWS: addressed by the bucket's host, as the SDK does
-            return S3Store(bucket, region=self._region, virtual_hosted_style_request=True, **common)
+        if route.proxy_url:
+            options["proxy_url"] = route.proxy_url
+        if route.proxy_excludes:
+            options["proxy_excludes"] = route.proxy_excludes
+        if route.root_certificate:
+            options["root_certificate"] = route.root_certificate
         return S3Store(
-            bucket,
-            region=self._region,
-            endpoint=self._endpoint,
-            virtual_hosted_style_request=False,
-            **common,
+            route.bucket,
+            endpoint=route.endpoint,
+            # obstore prefers this one, read from AWS_ENDPOINT_URL_S3, to `endpoint`.
+            aws_endpoint_url_s3=route.endpoint,
+            virtual_hosted_style_request=route.virtual_hosted,
+            region=route.region,
+            # What the commit depends on, whatever AWS_CONDITIONAL_PUT says.
+            conditional_put="etag",
+            skip_signature=False,
+            client_options=options,
+            retry_config={"max_retries": SDK_RETRIES},
+            # The session's: a plain dict with the keys of obstore's S3Credential.
+            credential_provider=cast("S3CredentialProvider", self._credentials),
         )
 
     @contextlib.contextmanager
@@ -141,12 +162,17 @@ class DataPath:
             raise
         self._on_call(operation, False)
 
-    async def get_shared(self, uri: S3Uri, max_bytes: int, segments: Segments) -> SharedInput:
+    async def get_shared(
+        self, uri: S3Uri, max_bytes: int, segments: Segments, version: str | None = None
+    ) -> SharedInput:
+        options: GetOptions = {"version": version} if version is not None else {}
         with self.counted("GetObject"):
             try:
-                result = await obstore.get_async(self.store(uri.bucket), uri.key)
+                result = await obstore.get_async(
+                    await self.store(uri.bucket), uri.key, options=options
+                )
             except FileNotFoundError:
-                raise InputError("input_not_found", f"{uri} does not exist") from None
+                raise InputError("input_not_found", _not_found(uri, version)) from None
         chunks = result.stream(min_chunk_size=_CHUNK_BYTES)
         shared = await _into_shared(uri, int(result.meta["size"]), max_bytes, chunks, segments)
         return _read_version(shared, result.meta.get("e_tag"), result.meta.get("version"))
@@ -168,7 +194,7 @@ class DataPath:
             try:
                 with self.counted("PutObject"):
                     result = await obstore.put_async(
-                        self.store(uri.bucket),
+                        await self.store(uri.bucket),
                         uri.key,
                         body,
                         mode="create",
@@ -211,29 +237,35 @@ class Storage:
             dict(response.get("Metadata", {})), _age_s(response), str(response.get("ETag", ""))
         )
 
-    async def get_shared(self, uri: S3Uri, max_bytes: int) -> SharedInput:
-        """Stream an object into shared memory, refusing it when larger than `max_bytes`.
+    async def get_shared(
+        self, uri: S3Uri, max_bytes: int, version: str | None = None
+    ) -> SharedInput:
+        """Stream an object (that version of it, when given) into shared memory, refusing
+        it when larger than `max_bytes`.
 
         The SDK retries a GET that fails before its body, not one whose body breaks off
         half-way; that is retried here, once, before the task is given up as transient.
         """
         for attempt in range(_BODY_ATTEMPTS):
             try:
-                return await self._get_shared_once(uri, max_bytes)
+                return await self._get_shared_once(uri, max_bytes, version)
             except _BROKEN_BODY as exc:
                 if attempt + 1 == _BODY_ATTEMPTS:
                     raise
                 log.debug(Event.GET_BODY_BROKE_OFF, extra={"uri": str(uri), "error": str(exc)})
         raise AssertionError("unreachable")  # pragma: no cover
 
-    async def _get_shared_once(self, uri: S3Uri, max_bytes: int) -> SharedInput:
+    async def _get_shared_once(
+        self, uri: S3Uri, max_bytes: int, version: str | None
+    ) -> SharedInput:
         if self.data is not None:
-            return await self.data.get_shared(uri, max_bytes, self.segments)
+            return await self.data.get_shared(uri, max_bytes, self.segments, version)
+        which = {"VersionId": version} if version is not None else {}
         try:
-            response = await self.client.get_object(Bucket=uri.bucket, Key=uri.key)
+            response = await self.client.get_object(Bucket=uri.bucket, Key=uri.key, **which)
         except ClientError as exc:
-            if error_code(exc) in ("NoSuchKey", "404") or http_status(exc) == 404:
-                raise InputError("input_not_found", f"{uri} does not exist") from None
+            if error_code(exc) in ("NoSuchKey", "NoSuchVersion", "404") or http_status(exc) == 404:
+                raise InputError("input_not_found", _not_found(uri, version)) from None
             raise
         body = response["Body"]
         async with body:
@@ -297,6 +329,10 @@ def _read_version(shared: SharedInput, etag: str | None, version_id: str | None)
     shared.etag = (etag or "").strip('"')
     shared.version_id = "" if version_id in (None, "null") else str(version_id)
     return shared
+
+
+def _not_found(uri: S3Uri, version: str | None) -> str:
+    return f"{uri} version {version} does not exist" if version else f"{uri} does not exist"
 
 
 async def _into_shared(

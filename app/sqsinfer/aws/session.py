@@ -1,17 +1,26 @@
-"""AWS: one aioboto3 session, long-lived S3 and SQS clients, and reading error codes."""
+"""AWS: one aioboto3 session, long-lived S3 and SQS clients, and reading error codes.
+
+Every client is made from one resolution of AWS's configuration (`endpoints.resolve`):
+region, endpoint and CA bundle the same for each, with the worker's settings first.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import aioboto3
+import aiohttp
 from aiobotocore.config import AioConfig
-from botocore.exceptions import ClientError
-from botocore.exceptions import ConnectionError as NotConnected
+from aiobotocore.session import AioSession
+from botocore.exceptions import BotoCoreError, ClientError
+
+from sqsinfer.aws import endpoints
+from sqsinfer.aws.endpoints import AwsTarget, BucketRoute
 
 # Connections beyond the in-flight bound: the keeper, the receive loop, DLQ and chain sends.
 _SPARE_CONNECTIONS = 8
@@ -35,15 +44,35 @@ def http_status(exc: BaseException) -> int:
     return 0
 
 
+# What aiohttp raises only while it gets a connection, before a byte of the request is
+# written: a refused or failed connect, DNS, the TLS handshake, a proxy's CONNECT (all
+# ClientConnectorError), and its connect timeout (which covers waiting for the pool too;
+# aiohttp 3.9 has no class of its own for it, and its timeouts all read as maybe sent).
+_BEFORE_THE_REQUEST = (
+    aiohttp.ClientConnectorError,
+    socket.gaierror,
+    getattr(aiohttp, "ConnectionTimeoutError", aiohttp.ClientConnectorError),
+)
+
+
 def may_have_taken_effect(exc: BaseException) -> bool:
     """Whether a failed request may still have been carried out by the service.
 
-    No: the service answered with a refusal (4xx, throttling included), or no connection
-    was made. Yes: a 5xx, a timeout or a connection closed while waiting for the answer.
+    No: the service answered with a refusal (4xx, throttling included), or the request
+    never left (no connection was made). Yes: a 5xx, a timeout, and every connection
+    error after the request may have been written (a reset, a close), however it is named.
+
+    The SDK's error type does not tell: aiobotocore raises `EndpointConnectionError` for
+    every aiohttp `ClientConnectionError`, a connection reset while waiting for the answer
+    (`ClientOSError`, ECONNRESET) as much as a refused connect, and `ConnectTimeoutError`
+    for any aiohttp timeout whose text starts with "connect". So the error aiohttp raised,
+    which the SDK's keeps (`kwargs["error"]`), decides. One attempt only: through a client
+    that retries, an earlier attempt may have gone out before the last one failed.
     """
     if isinstance(exc, ClientError):
         return http_status(exc) >= 500 or http_status(exc) == 0
-    return not isinstance(exc, NotConnected)
+    cause = exc.kwargs.get("error") if isinstance(exc, BotoCoreError) else exc
+    return not isinstance(cause, _BEFORE_THE_REQUEST)
 
 
 @dataclass
@@ -52,6 +81,28 @@ class Clients:
     sqs: Any
     sqs_single_attempt: Any  # no SDK retries: for sends whose retries the worker counts
     session: Any = None  # the aioboto3 session the clients came from
+    target: AwsTarget | None = None  # what every client was given, and from where
+    router: endpoints.Router | None = None  # where the SDK sends each bucket's calls
+
+    async def route(self, bucket: str) -> BucketRoute:
+        """How the SDK's S3 client reaches `bucket`: what obstore's store is built from."""
+        assert self.router is not None, "clients made by open_clients route buckets"
+        return await self.router.route(bucket)
+
+    def describe(self) -> dict[str, Any]:
+        """Where the calls go, for the start-up log line."""
+        if self.target is None:
+            return {}
+        t, clients = self.target, {"s3": self.s3, "sqs": self.sqs}
+        return {
+            "region": t.region,
+            "region_from": t.region_from,
+            "endpoints": {service: c.meta.endpoint_url for service, c in clients.items()},
+            "endpoints_from": t.endpoints_from,
+            "proxies": {service: endpoints.proxies_of(c) for service, c in clients.items()},
+            "ca_bundle": t.ca_bundle,
+            "ca_bundle_from": t.ca_bundle_from,
+        }
 
     async def credentials(self) -> dict[str, Any]:
         """The session's credentials now, in obstore's shape, good for a few minutes (an
@@ -85,19 +136,29 @@ def client_config(
 
 @contextlib.asynccontextmanager
 async def open_clients(
-    region: str, endpoint_url: str = "", in_flight: int = 10, read_timeout_s: float = 60.0
+    region: str = "", endpoint_url: str = "", in_flight: int = 10, read_timeout_s: float = 60.0
 ) -> AsyncIterator[Clients]:
-    session = aioboto3.Session()
+    """The S3 and SQS clients, for `region` and `endpoint_url` (the worker's settings; ""
+    when unset: AWS's configuration decides, as `endpoints` describes). A region or CA
+    bundle that cannot be used raises a ConfigError naming its setting or variable."""
+    core = AioSession()
+    target = endpoints.resolve(core, region, endpoint_url)
+    session = aioboto3.Session(botocore_session=core)
+    kwargs = target.client_kwargs()
     config = client_config(in_flight + _SPARE_CONNECTIONS, read_timeout_s)
-    kwargs: dict[str, Any] = {"region_name": region, "config": config}
-    if endpoint_url:
-        kwargs["endpoint_url"] = endpoint_url
-    single = kwargs | {
-        "config": client_config(_SPARE_CONNECTIONS, SINGLE_ATTEMPT_READ_TIMEOUT_S, retries=0)
-    }
+    single = client_config(_SPARE_CONNECTIONS, SINGLE_ATTEMPT_READ_TIMEOUT_S, retries=0)
     async with (
-        session.client("s3", **kwargs) as s3,
-        session.client("sqs", **kwargs) as sqs,
-        session.client("sqs", **single) as sqs_single_attempt,
+        session.client("s3", config=config, **kwargs) as s3,
+        # Made as `s3` is; it only builds requests, to tell obstore where they go.
+        session.client("s3", config=client_config(1), **kwargs) as probe,
+        session.client("sqs", config=config, **kwargs) as sqs,
+        session.client("sqs", config=single, **kwargs) as sqs_single_attempt,
     ):
-        yield Clients(s3=s3, sqs=sqs, sqs_single_attempt=sqs_single_attempt, session=session)
+        yield Clients(
+            s3=s3,
+            sqs=sqs,
+            sqs_single_attempt=sqs_single_attempt,
+            session=session,
+            target=target,
+            router=endpoints.Router(probe, target),
+        )

@@ -261,7 +261,7 @@ async def emulator_ceiling(cfg: dict[str, Any]) -> int:
     in_flight = cfg["in_flight"]
     async with open_clients(cfg["region"], cfg["endpoint"], in_flight) as clients:
         queue = SqsQueue(clients.sqs, cfg["queue_url"])
-        data = DataPath(cfg["endpoint"], cfg["region"], clients.credentials)
+        data = DataPath(clients.route, clients.credentials)
         calls = CallsOnly(cfg, Storage(clients.s3, data=data), queue)
         emit({"msg": "ready", "startup_s": 0.0})
         await consume(queue, in_flight, stop, calls.handle)

@@ -292,7 +292,7 @@ def next_step_lines(endpoint: str, plan: Plan) -> list[str]:
         "The stand-in stays up with the demo's queues, dead-letter queues and outputs until "
         "Ctrl-C. In another shell:",
         "",
-        f"  export SQSINFER_ENDPOINT_URL={endpoint}",
+        f"  export SQSINFER_ENDPOINT_URL={endpoint} SQSINFER_REGION={standin.REGION}",
         f"  export {creds}",
         f"  export STAGE1={q['stage1']} STAGE2={q['stage2']}",
         "",

@@ -401,7 +401,7 @@ async def _main(args: argparse.Namespace, run: _Run) -> int:
                 options,
                 progress=progress,
                 tasks_out=run.tasks_out,
-                data=DataPath(args.endpoint_url, args.region, clients.credentials),
+                data=DataPath(clients.route, clients.credentials),
             )
             try:
                 report = await audit.run(_items(args, run, clients.s3))

@@ -60,6 +60,9 @@ def run_command(main: Callable[[], Coroutine[Any, Any, int]], name: str, log_lev
     except KeyboardInterrupt:
         print(f"sqsinfer {name}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except config.ConfigError as exc:  # AWS's configuration, read when the clients open
+        print(f"sqsinfer {name}: invalid setting: {exc}", file=sys.stderr)
+        return EXIT_USAGE
 
 
 def quiet_on_broken_pipe(

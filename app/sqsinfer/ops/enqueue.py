@@ -42,9 +42,9 @@ from sqsinfer.ops.manifest import (
     KeyPattern,
     Validator,
     manifest_format,
-    open_manifest,
     read_listing,
     read_manifest,
+    run_on_manifest,
 )
 
 log = logging.getLogger("sqsinfer.enqueue")
@@ -475,17 +475,9 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
         pattern = KeyPattern.parse(args.from_prefix) if args.from_prefix else None
     except ValueError as exc:
         return common.usage_error("enqueue", str(exc))
-    try:
-        fh = open_manifest(args.manifest) if args.manifest else None
-    except OSError as exc:
-        return common.usage_error("enqueue", f"cannot read {args.manifest}: {exc}")
-    try:
-        return common.run_command(
-            lambda: _main(args, validator, pattern, fh), "enqueue", args.log_level
-        )
-    finally:
-        if fh is not None:
-            fh.close()
+    return run_on_manifest(
+        "enqueue", args.manifest, args.log_level, lambda fh: _main(args, validator, pattern, fh)
+    )
 
 
 def _total_bytes(fh: IO[bytes] | None) -> int | None:

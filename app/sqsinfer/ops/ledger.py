@@ -368,7 +368,7 @@ class Audit:
             async for page in self._objects(prefix):
                 yield page
             return
-        store = self.data.store(prefix.bucket)
+        store = await self.data.store(prefix.bucket)
         async for chunk in obstore.list(store, prefix.key or None, chunk_size=_LIST_PAGE):
             yield [meta["path"] for meta in chunk], []
 

@@ -12,7 +12,7 @@ import csv
 import fnmatch
 import os
 import sys
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -21,11 +21,12 @@ import orjson
 from sqsinfer.compute.errors import InputError
 from sqsinfer.limits import SQS_DEFAULT_MAX_MESSAGE_BYTES
 from sqsinfer.messages import MessageRules, S3Uri, Task, parse_s3_uri, parse_task
+from sqsinfer.ops import common
 
 MANIFEST_FORMATS = ("jsonl", "csv")
 _CSV_COLUMNS = ("task_id", "input", "output")
 _GLOB_CHARS = "*?["
-_LIST_PAGE_SIZE = 1000
+LIST_PAGE_SIZE = 1000
 
 
 @dataclass(frozen=True)
@@ -215,6 +216,27 @@ def read_manifest(fh: Iterable[bytes], name: str, fmt: str, validator: Validator
     return read_jsonl(fh, name, validator)
 
 
+def run_on_manifest(
+    name: str,
+    path: str | None,
+    log_level: str,
+    main: Callable[[IO[bytes] | None], Coroutine[Any, Any, int]],
+) -> int:
+    """Run command `name` on the manifest at `path` (`-`: stdin; None: none), then close it.
+
+    A manifest that cannot be opened is a usage error (2), before anything runs.
+    """
+    try:
+        fh = open_manifest(path) if path else None
+    except OSError as exc:
+        return common.usage_error(name, f"cannot read {path}: {exc}")
+    try:
+        return common.run_command(lambda: main(fh), name, log_level)
+    finally:
+        if fh is not None:
+            fh.close()
+
+
 def manifest_format(path: str, given: str | None) -> str:
     if given:
         return given
@@ -266,7 +288,7 @@ async def list_keys(s3: Any, pattern: KeyPattern) -> AsyncIterator[str]:
     pages = paginator.paginate(
         Bucket=pattern.bucket,
         Prefix=pattern.list_prefix,
-        PaginationConfig={"PageSize": _LIST_PAGE_SIZE},
+        PaginationConfig={"PageSize": LIST_PAGE_SIZE},
     )
     async for page in pages:
         for item in page.get("Contents", []):

@@ -35,6 +35,7 @@ def message_rules(s: config.Settings, found: Dependencies) -> MessageRules:
         max_message_bytes=s.max_message_bytes,
         dead_letter_max_bytes=found.dlq_max_message_bytes,
         placeholders=values,
+        message_shape=s.message_shape,
     )
 
 
@@ -60,7 +61,7 @@ def pipeline(
     """The steps of one message, each given the client it needs: the input's GET and the
     output's PUT through obstore; next-stage sends on the client without SDK retries, so
     that the chain sees (and counts) every lost answer."""
-    data = DataPath(s.endpoint_url, s.region, clients.credentials, metrics.count_call)
+    data = DataPath(clients.route, clients.credentials, metrics.count_call)
     next_stage = (
         BatchSender(clients.sqs_single_attempt, s.next_queue_url) if s.next_queue_url else None
     )
