@@ -38,6 +38,8 @@ class LedgerConfig:
     sqs_errors: float = 0.02
     drop: float = 0.01  # answers cut off after the service acted (PUT, GET, receive, delete)
     send_drop: float = 0.02  # next-stage send answers lost after SQS took the message
+    reset: float = 0.01  # sends, puts and deletes whose connection is reset (RST) after they acted
+    send_reset: float = 0.02  # next-stage sends reset after SQS took the message
     latency_ms: float = 10.0
     child_kills: int = 3  # inference processes SIGKILLed while computing
     worker_kills: int = 3  # workers SIGKILLed (no drain) and restarted, a stage each in turn
@@ -104,8 +106,8 @@ def start_proxy(
     target: str, config: LedgerConfig, workdir: str
 ) -> tuple[subprocess.Popen[bytes], str]:
     """The fault proxy the workers reach the stand-in through (set-up and checks do not).
-    Send answers are lost on every queue the workers send to: the next stages' (and the
-    dead-letter queues', which a run without poison never uses)."""
+    Send answers are lost or reset on every queue the workers send to: the next stages'
+    (and the dead-letter queues', which a run without poison never uses)."""
     port = standin.free_port()
     rates = {
         "--s3-5xx": config.s3_5xx,
@@ -113,6 +115,8 @@ def start_proxy(
         "--sqs-errors": config.sqs_errors,
         "--drop": config.drop,
         "--send-drop": config.send_drop,
+        "--reset": config.reset,
+        "--send-reset": config.send_reset,
         "--latency-ms": config.latency_ms,
     }
     args = [sys.executable, "-m", "proving.faults", "--target", target, "--port", str(port)]

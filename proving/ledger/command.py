@@ -121,6 +121,8 @@ OPTION_HELP = {
     "sqs_errors": "SQS requests answered 500 or throttled (rate)",
     "drop": "answers cut off after the service acted (rate)",
     "send_drop": "next-stage send answers lost after SQS took the message (rate)",
+    "reset": "sends, puts and deletes reset (RST) after the service acted (rate)",
+    "send_reset": "next-stage sends reset (RST) after SQS took the message (rate)",
     "latency_ms": "latency added to each request, up to (ms)",
     "child_kills": "inference processes SIGKILLed mid-task",
     "worker_kills": "workers SIGKILLed (no drain) and restarted",

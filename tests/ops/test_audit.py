@@ -15,8 +15,10 @@ from typing import Any
 import pytest
 
 from sqsinfer import cli
+from sqsinfer.aws.session import open_clients
 from sqsinfer.aws.sqs import Message, dead_letter_copy
 from sqsinfer.lab import standin
+from sqsinfer.ops.deadletters import DeadLetterReader
 from tests.conftest import Stage
 
 MODEL = "ab" * 32
@@ -216,6 +218,20 @@ def test_dead_letters_another_reader_holds_are_waited_for_not_taken_as_missing(
     code, after = _audit(capsys, argv)
     assert code == 3 and after == before
     assert stage.counts(stage.dlq_url) == (12, 0)
+
+
+async def test_dead_letters_held_as_long_as_the_reader_waits_are_still_read(stage: Stage):
+    """An audit killed at its dead-letter read leaves them hidden for a hold; the next
+    run, started at once with the same hold, must still read them when they come back,
+    however its polls fall against the moment the hold lapses."""
+    chain = Chain(stage)
+    for i in range(3):
+        chain.dead(1, f"d{i}", "input_not_found")
+    async with open_clients("us-east-1", stage.endpoint, 4) as clients:
+        assert _hold_dead_letters(stage, hold_s=3) == 3
+        found = await DeadLetterReader(clients.sqs, stage.dlq_url, 3, 3).read()
+    assert (found.unread, sorted(d.task_id for d in found.letters)) == (0, ["d0", "d1", "d2"])
+    assert found.released and stage.counts(stage.dlq_url) == (3, 0)
 
 
 def test_a_killed_audit_and_the_next_one_report_the_same(stage: Stage, tmp_path, capsys):

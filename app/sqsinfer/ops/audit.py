@@ -118,7 +118,7 @@ def add_parser(sub: Any) -> None:
         type=common.positive_int,
         default=30,
         help="how long each dead letter read stays hidden if this run dies, and how long "
-        "to wait for dead letters another reader holds (30)",
+        "(and 4 s) to wait for dead letters another reader holds (30)",
     )
     p.add_argument(
         "--show", type=int, default=20, help="tasks not committed listed in the report (20)"

@@ -9,9 +9,10 @@ once, the same few would come back in every receive and hide the rest.
 
 A pass ends once it has read as many messages as the queue holds. Messages someone else
 holds meanwhile (an audit killed before it handed its own back, a `redrive` at work) are
-waited for until they come back, for up to `patience_s`; those still out are reported
-as unread. Each receive adds one to a message's receive count, which matters only to a
-dead-letter queue with a redrive policy of its own.
+waited for until they come back, for up to `patience_s` and 4 s more (a hold that lapses
+at the end of it is still seen); those still out are reported as unread. Each receive
+adds one to a message's receive count, which matters only to a dead-letter queue with a
+redrive policy of its own.
 """
 
 from __future__ import annotations
@@ -32,6 +33,10 @@ _RELEASE_CHUNK = 4 * SQS_BATCH_MAX
 _RECHECK_S = 1.0
 _DETAIL_KEPT_CHARS = 200  # of a letter's detail: enough to act on, little to hold
 _POLL_S = 1
+# Waited past `patience_s`: a hold that lapses at its very end is still followed by a
+# whole receive and a count, however the polls fall against it (an audit killed at its
+# read, run again at once with the same hold, waits for exactly one hold).
+_PAST_PATIENCE_S = 2 * (_POLL_S + _RECHECK_S)
 _COUNTS = ("ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible")
 
 
@@ -102,7 +107,7 @@ class DeadLetterReader:
         return found
 
     async def _read_all(self, found: DeadLetterRead) -> None:
-        deadline = time.monotonic() + self.patience_s
+        deadline = time.monotonic() + self.patience_s + _PAST_PATIENCE_S
         while True:
             # A long poll, however short: a receive without one asks only some of SQS's
             # servers, and may answer empty while messages wait on others.
