@@ -10,6 +10,8 @@ Each output carries these `x-amz-meta-*` keys (stable: docs/formats.md lists the
     sqsinfer-version   the worker's version
     input-etag         the ETag of the input object the worker read
     input-version-id   that object's version id (absent when its bucket is not versioned)
+    input-uri-sha256   the sha256 of the input's URI (an S3 event's output only: the
+                       output key is derived from the input's, and this tells which)
     output-sha256      the sha256 of the output's own bytes
     message-id         the SQS message whose delivery wrote it
     worker             SQSINFER_WORKER_ID
@@ -35,6 +37,7 @@ HANDLER_VERSION = "handler-version"
 SQSINFER_VERSION = "sqsinfer-version"
 INPUT_ETAG = "input-etag"
 INPUT_VERSION_ID = "input-version-id"
+INPUT_URI_SHA256 = "input-uri-sha256"
 OUTPUT_SHA256 = "output-sha256"
 MESSAGE_ID = "message-id"
 WORKER = "worker"
@@ -55,6 +58,7 @@ MAX_VALUE_BYTES: dict[str, int] = {
     SQSINFER_VERSION: 32,
     INPUT_ETAG: 128,
     INPUT_VERSION_ID: 256,
+    INPUT_URI_SHA256: 64,
     OUTPUT_SHA256: 64,
     MESSAGE_ID: 100,
     WORKER: MAX_WORKER_ID_BYTES,
@@ -107,6 +111,7 @@ class Written:
     output_sha256: str
     input_etag: str = ""
     input_version_id: str = ""
+    input_uri_sha256: str = ""  # an S3 event's output only
 
 
 def output_metadata(producer: Producer, written: Written) -> dict[str, str]:
@@ -120,6 +125,7 @@ def output_metadata(producer: Producer, written: Written) -> dict[str, str]:
         SQSINFER_VERSION: producer.sqsinfer_version,
         INPUT_ETAG: written.input_etag,
         INPUT_VERSION_ID: written.input_version_id,
+        INPUT_URI_SHA256: written.input_uri_sha256,
         OUTPUT_SHA256: written.output_sha256,
         MESSAGE_ID: written.message_id,
         WORKER: producer.worker,

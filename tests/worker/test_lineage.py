@@ -47,7 +47,7 @@ async def test_each_output_carries_its_lineage_under_its_models_own_prefix(
         f"out/{sha[:12]}/{name}" for name in ("a.npy", "b.npy", "named/c.json")
     ]
     meta = stage.s3.head_object(Bucket=stage.bucket, Key=f"out/{sha[:12]}/a.npy")["Metadata"]
-    assert set(meta) == set(lineage.KEYS)
+    assert set(meta) == set(lineage.KEYS) - {"input-uri-sha256"}  # an S3 event's only
     assert meta == meta | {
         "task-id": "a",
         "model-sha256": sha,
@@ -65,7 +65,8 @@ async def test_each_output_carries_its_lineage_under_its_models_own_prefix(
     assert lineage.metadata_bytes(meta) <= S3_MAX_METADATA_BYTES
     # An input from before versioning has no version id: the key is left out.
     meta = stage.s3.head_object(Bucket=stage.bucket, Key=f"out/{sha[:12]}/b.npy")["Metadata"]
-    assert set(meta) == set(lineage.KEYS) - {"input-version-id"} and meta["input-etag"]
+    assert set(meta) == set(lineage.KEYS) - {"input-version-id", "input-uri-sha256"}
+    assert meta["input-etag"]
 
 
 def test_the_worst_case_lineage_fits_s3s_two_kilobytes():
@@ -86,6 +87,7 @@ def test_the_worst_case_lineage_fits_s3s_two_kilobytes():
         output_sha256="o" * cap["output-sha256"],
         input_etag="e" * cap["input-etag"],
         input_version_id="r" * cap["input-version-id"],
+        input_uri_sha256="u" * cap["input-uri-sha256"],  # an S3 event's output
     )
     meta = lineage.output_metadata(producer, written)
     assert set(meta) == set(lineage.KEYS)  # nothing left out at the caps

@@ -706,8 +706,9 @@ class Pipeline:
             output_sha256=output_sha256,
             input_etag=source.etag,
             input_version_id=source.version_id,
+            input_uri_sha256=events.input_digest(held.task),
         )
-        return lineage.output_metadata(self.producer, written) | events.provenance(held.task)
+        return lineage.output_metadata(self.producer, written)
 
     def _ids(self, held: Held) -> dict[str, Any]:
         ids = {
