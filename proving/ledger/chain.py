@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import proving
-from proving.chaos.disrupt import Chaos
+from proving.chaos.disrupt import Chaos, worker_timings
 from proving.chaos.workload import ChaosConfig
 from sqsinfer.compute.inference import file_sha256
 from sqsinfer.lab import feeder, stage, standin, synthetic
@@ -159,19 +159,7 @@ def _settings(name: str, chain: Chain, endpoint: str, config: LedgerConfig) -> d
         writes=chain.prefix(name),
         next_queue_url=next_url,
     )
-    return (
-        stage.SHORT_DRAIN
-        | {
-            "SQSINFER_PROCESSES": "1",
-            "SQSINFER_WAIT_TIME_S": "1",
-            "SQSINFER_VISIBILITY_TIMEOUT_S": str(config.visibility_timeout_s),
-            "SQSINFER_HEARTBEAT_S": str(max(1, config.visibility_timeout_s // 3)),
-            "SQSINFER_RETRY_BASE_S": "1",
-            "SQSINFER_RETRY_MAX_S": "8",
-            "SQSINFER_CHAIN_SETTLE_S": "4",
-        }
-        | settings
-    )
+    return stage.SHORT_DRAIN | worker_timings(config.visibility_timeout_s) | settings
 
 
 class Fire(Chaos):
