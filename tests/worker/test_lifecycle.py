@@ -57,11 +57,13 @@ class Poacher:
 async def test_task_three_times_longer_than_visibility_is_never_redelivered(
     stage: Stage, make_settings
 ):
-    stage.send({"task_id": "long", "input": _input(stage, "long.npy", first_cell=6.5)})
-    settings = _scripted(make_settings, visibility_timeout_s=2, heartbeat_s=0.5)
+    stage.send({"task_id": "long", "input": _input(stage, "long.npy", first_cell=16)})
+    # A 5 s visibility extended every 0.5 s: a loaded machine's stall of the worker or the
+    # stand-in (seen past 1.5 s at a load average of 8) cannot outlast it by accident.
+    settings = _scripted(make_settings, visibility_timeout_s=5, heartbeat_s=0.5)
     async with running(settings) as worker, Poacher(stage) as poacher:
-        await eventually(lambda: outcome_count(worker, "committed") == 1, timeout_s=30)
-    assert poacher.got == []  # 6.5 s of work under a 2 s visibility: nobody else saw it
+        await eventually(lambda: outcome_count(worker, "committed") == 1, timeout_s=60)
+    assert poacher.got == []  # 16 s of work under a 5 s visibility: nobody else saw it
     assert sample(worker.metrics, "sqsinfer_visibility_extensions_total") >= 3
     assert worker.metrics.outcomes == {"committed": 1}
 
