@@ -11,7 +11,7 @@ from __future__ import annotations
 import csv
 import fnmatch
 from collections.abc import AsyncIterator, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -19,6 +19,7 @@ import orjson
 from sqsinfer.compute.errors import InputError
 from sqsinfer.limits import SQS_DEFAULT_MAX_MESSAGE_BYTES
 from sqsinfer.messages import MessageRules, S3Uri, Task, parse_s3_uri, parse_task
+from sqsinfer.tracing import NO_TRACE, TaskTrace
 
 MANIFEST_FORMATS = ("jsonl", "csv")
 _CSV_COLUMNS = ("task_id", "input", "output")
@@ -34,6 +35,8 @@ class Entry:
     body: str
     task: Task
     size_bytes: int = 0  # bytes of the manifest it used (for progress)
+    # The task's trace, begun when `sqsinfer enqueue` batches it (traces on).
+    trace: TaskTrace = field(default=NO_TRACE, compare=False, repr=False)
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from sqsinfer import backoff
+from sqsinfer import backoff, tracing
 from sqsinfer.aws.s3 import ObjectInfo, Storage
 from sqsinfer.aws.session import error_code
 from sqsinfer.aws.sqs import Message, Sender, SqsQueue, dead_letter_copy
@@ -106,6 +106,11 @@ class Held:
             if self.on_release is not None:
                 self.on_release(self)
 
+    @property
+    def trace(self) -> tracing.TaskTrace:
+        """Its task's trace (`tracing.NO_TRACE` while tracing is off)."""
+        return self.message.trace
+
     def compute_s(self) -> float | None:
         """Seconds an inference process spent on this message (None: it computed nothing)."""
         phases = (Phase.HANDOFF, Phase.DECODE, Phase.INFER, Phase.ENCODE)
@@ -138,6 +143,7 @@ class Timer:
     def record(self, seconds: float) -> None:
         self.held.timings[self.phase.value] = round(seconds, 6)
         self.metrics.observe(self.phase, seconds)
+        self.held.trace.phase(self.phase.value, seconds)
 
 
 class OutputVanished(Exception):
@@ -193,15 +199,19 @@ class Pipeline:
     # -- the whole life of one message ------------------------------------------------
     async def handle(self, held: Held) -> Outcome:
         """Run the task and settle the message. Never raises, except a second cancel."""
+        tracing.enter(held.trace)  # what it sends carries its trace; batch calls link to it
         try:
-            outcome = await self._process(held)
-        except asyncio.CancelledError:
-            # The message must still be handed back even though this task was cancelled.
-            outcome = await asyncio.shield(self._settle_cancelled(held))
-        held.release_slot()
-        outcome = held.final(outcome)
-        self._record(held, outcome)
-        return outcome
+            try:
+                outcome = await self._process(held)
+            except asyncio.CancelledError:
+                # The message must still be handed back even though this task was cancelled.
+                outcome = await asyncio.shield(self._settle_cancelled(held))
+            held.release_slot()
+            outcome = held.final(outcome)
+            self._record(held, outcome)
+            return outcome
+        finally:
+            held.trace.end()  # however it ended: no span is left open
 
     async def _process(self, held: Held) -> Outcome:
         try:
@@ -236,7 +246,10 @@ class Pipeline:
     async def _run_alone(self, held: Held, task: Task, *, look_first: bool) -> Outcome:
         """The task, with no other message of this worker on its output meanwhile."""
         held.step = Step.CHECKING
-        existing = await self.storage.head(task.output) if look_first else None
+        existing = None
+        if look_first:
+            with held.trace.step("HEAD output"):
+                existing = await self.storage.head(task.output)
         if existing is not None:
             held.release_slot()
             self._check_owner(task, existing)
@@ -295,6 +308,7 @@ class Pipeline:
                 task.input_options,
             )
         total = time.perf_counter() - began
+        held.trace.compute(total, result)
         for phase in (Phase.DECODE, Phase.INFER, Phase.ENCODE):
             Timer(held, self.metrics, phase).record(result[f"{phase}_s"])
         # What the child did not account for is the cost of handing work over and back.
@@ -348,7 +362,8 @@ class Pipeline:
         held.step = Step.SETTLED
         held.release_slot()  # the delete holds no slot
         try:
-            deleted = await asyncio.shield(self.queue.delete(held.message))
+            with held.trace.step("delete"):
+                deleted = await asyncio.shield(self.queue.delete(held.message))
         except Exception as exc:  # the outcome stands: the write (or the copy) decided it
             log.warning(Event.DELETE_FAILED, extra=self._ids(held) | {"error": str(exc)})
             deleted = False
@@ -361,7 +376,12 @@ class Pipeline:
         held.step = Step.REJECTING
         held.release_slot()
         copy = dead_letter_copy(
-            held.message, reason, detail, self.queue.url, self.rules.dead_letter_max_bytes
+            held.message,
+            reason,
+            detail,
+            self.queue.url,
+            self.rules.dead_letter_max_bytes,
+            trace=held.trace.outgoing(),
         )
         # Copy first, delete second: a crash in between leaves a copy, never nothing.
         sending = self.dead_letters.send(copy.body, copy.attributes)
@@ -450,7 +470,8 @@ class Pipeline:
 
     def _record(self, held: Held, outcome: Outcome) -> None:
         elapsed = time.monotonic() - held.message.received_at
-        self.metrics.outcome(outcome, elapsed)
+        self.metrics.outcome(outcome, elapsed, held.trace.exemplar())
+        held.trace.finish(outcome, held.reason, elapsed, held.task)
         fields = self._ids(held) | {"outcome": outcome, "seconds": round(elapsed, 6)}
         if held.reason:
             fields["reason"] = held.reason
