@@ -9,6 +9,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import subprocess
+import sys
+import textwrap
 import urllib.request
 from collections import Counter
 from typing import Any
@@ -19,6 +23,8 @@ import pytest
 from sqsinfer import cli
 from sqsinfer.bench.otlp import OtlpReceiver
 from sqsinfer.lab import standin, synthetic
+from sqsinfer.lab.stage import SHORT_DRAIN, stage_settings, worker_env
+from tests import handlers
 from tests.conftest import Stage, eventually, outcome_count, running
 from tests.otlp import Span, otlp, parse_traceparent, received, traceparent
 
@@ -221,6 +227,10 @@ async def test_the_producer_context_is_the_parent_and_the_exemplar_of_its_durati
         port = worker.health.port
         openmetrics = await asyncio.to_thread(_scrape, port, "application/openmetrics-text")
         classic = await asyncio.to_thread(_scrape, port, "text/plain")
+        async with worker.pool.lease() as lease:  # the parent traces; its processes do not
+            child_modules = await lease.run(handlers.loaded_modules)
+    assert "opentelemetry" in sys.modules
+    assert [m for m in child_modules if m.startswith("opentelemetry")] == []
     tasks = {
         s.attributes["sqsinfer.task_id"]: s for s in received(otlp) if s.name.startswith("process ")
     }
@@ -263,3 +273,101 @@ async def test_a_drain_ends_every_task_span_and_exports_it_before_the_exit(
     assert all(s.end_ns >= s.start_ns > 0 for s in spans)
     computed = [s for s in tasks if s.attributes["sqsinfer.outcome"] == "committed"]
     assert all("compute" in _children(spans, s) for s in computed)
+
+
+# A worker process that stops itself (SIGTERM) once it committed one task, then says which
+# opentelemetry modules it imported.
+WORKER_SCRIPT = """
+import json, os, signal, sys, threading, time, urllib.request
+{before}
+from sqsinfer import cli
+
+
+def stop_after_one_task():
+    url = "http://127.0.0.1:" + os.environ["SQSINFER_HEALTH_PORT"] + "/metrics"
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                if 'sqsinfer_tasks_total{{outcome="committed"}} 1.0' in response.read().decode():
+                    break
+        except OSError:
+            pass
+        time.sleep(0.1)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+threading.Thread(target=stop_after_one_task, daemon=True).start()
+code = cli.main(["worker"])
+loaded = sorted(m for m in sys.modules if m.split(".")[0] == "opentelemetry")
+print(json.dumps({{"code": code, "opentelemetry": loaded}}))
+"""
+# Stands in for the extra not being installed: every opentelemetry import fails.
+WITHOUT_THE_EXTRA = """
+import importlib.abc
+
+
+class NoOpenTelemetry(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] == "opentelemetry":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+
+sys.meta_path.insert(0, NoOpenTelemetry())
+"""
+
+
+def _worker_process(stage: Stage, model_path: str, env: dict[str, str], before: str = "") -> dict:
+    stage.send({"task_id": "one", "input": _input(stage, "one.npy")})
+    settings = stage_settings(
+        stage.endpoint,
+        stage.queue_url,
+        model_path,
+        reads=f"s3://{stage.bucket}/in/",
+        writes=f"s3://{stage.bucket}/out/",
+    )
+    extra = {"SQSINFER_HANDLER": SCRIPTED, "SQSINFER_PROCESSES": "1", "PYTHONPATH": ROOT}
+    full = worker_env("traced", SHORT_DRAIN | settings | extra, standin.free_port()) | env
+    script = WORKER_SCRIPT.format(before=textwrap.dedent(before))
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+NOWHERE = "http://127.0.0.1:9"  # asked for, but nothing could send there
+MINUTE = "60000"
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.mark.parametrize(
+    ("env", "before"),
+    [
+        ({"OTEL_SDK_DISABLED": "true"}, ""),
+        ({"OTEL_SDK_DISABLED": "", "OTEL_TRACES_EXPORTER": "none"}, ""),
+        ({"OTEL_SDK_DISABLED": "", "OTEL_EXPORTER_OTLP_ENDPOINT": NOWHERE}, WITHOUT_THE_EXTRA),
+    ],
+    ids=["OTEL_SDK_DISABLED", "exporter none", "extra not installed"],
+)
+def test_a_worker_without_tracing_imports_nothing_of_opentelemetry(stage, model_path, env, before):
+    found = _worker_process(stage, model_path, env, before)
+    assert found == {"code": 0, "opentelemetry": []}
+    assert stage.counts(stage.queue_url) == (0, 0)  # it did its work
+
+
+def test_a_traced_worker_exports_every_span_before_it_exits_on_sigterm(stage, model_path):
+    with OtlpReceiver(keep=True) as receiver:
+        env = receiver.exporter_env() | {"OTEL_SDK_DISABLED": "", "OTEL_BSP_SCHEDULE_DELAY": MINUTE}
+        found = _worker_process(stage, model_path, env)
+        spans = received(receiver)
+    assert found["code"] == 0 and "opentelemetry.sdk.trace" in found["opentelemetry"]
+    # Nothing was exported on the processor's schedule (a minute): all of it at the exit.
+    (task,) = [s for s in spans if s.name.startswith("process ")]
+    assert task.attributes["sqsinfer.outcome"] == "committed"
+    assert {"GET input", "compute", "PUT output", "delete"} <= set(_children(spans, task))

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+from opentelemetry.sdk.resources import SERVICE_NAME, OTELResourceDetector, Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, TraceFlags
@@ -139,18 +139,16 @@ def _exporters(environ: Mapping[str, str]) -> list[SpanExporter]:
 
 
 def _resource(service_instance: str, component: str) -> Resource:
-    """The SDK's resource (OTEL_RESOURCE_ATTRIBUTES, OTEL_SERVICE_NAME), with sqsinfer's
-    facts where those leave them unset, and `sqsinfer` as the service's default name."""
-    detected = Resource.create()
+    """The SDK's resource, with sqsinfer's facts where the variables (OTEL_SERVICE_NAME,
+    OTEL_RESOURCE_ATTRIBUTES) leave them unset, and `sqsinfer` as the service's name."""
+    given = OTELResourceDetector().detect().attributes
     ours: dict[str, str] = {
+        SERVICE_NAME: "sqsinfer",
         "service.version": __version__,
         "service.instance.id": service_instance,
         "sqsinfer.component": component,
     }
-    ours = {k: v for k, v in ours.items() if v and k not in detected.attributes}
-    if str(detected.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
-        ours[SERVICE_NAME] = "sqsinfer"
-    return detected.merge(Resource(ours))
+    return Resource.create({k: v for k, v in ours.items() if v and k not in given})
 
 
 # -- where a task's trace comes from -----------------------------------------------------------
