@@ -60,7 +60,7 @@ def _scenarios(args: argparse.Namespace) -> list[runner.Scenario]:
             f"sqsinfer bench: {', '.join(refused)} run(s) XGBoost itself, not --handler "
             f"{args.handler}; choose from {', '.join(s.name for s in runnable)}"
         )
-    return [s for s in runnable if not wanted or s.name in wanted]
+    return [s for s in runnable if s.name in wanted or (not wanted and s.default)]
 
 
 def _sha256(path: str) -> str:
