@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import SERVICE_NAME, OTELResourceDetector, Resource
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.trace.status import Status, StatusCode
@@ -68,6 +69,7 @@ _PHASE_SPANS = {
 }
 _CHILD_STEPS = (("decode_s", "decode"), ("infer_s", "predict"), ("encode_s", "encode"))
 _FAILED = frozenset({Outcome.REJECTED, Outcome.RETRIED})
+_UNSET = Status(StatusCode.UNSET)
 _SAMPLERS = (
     "always_on",
     "always_off",
@@ -188,6 +190,58 @@ def parent_context(message: Received) -> Context:
 
 
 # -- spans -------------------------------------------------------------------------------------
+class Steps:
+    """Records a task's steps as finished spans, handed straight to the span processors.
+
+    A step is over when it is recorded (its times are the pipeline's measurements), so
+    it needs none of a live span's machinery (sampling, locks, attribute limits): it is
+    made as the processors receive every ended span, a `ReadableSpan`, at a fraction of
+    a live span's cost. A step is recorded only under a sampled task span, whose trace
+    and sampling it shares.
+    """
+
+    def __init__(self, provider: TracerProvider, processors: Sequence[SpanProcessor]) -> None:
+        self._resource = provider.resource
+        self._ids = provider.id_generator
+        self._processors = tuple(processors)
+        self._scope = InstrumentationScope("sqsinfer", __version__)
+
+    def record(
+        self,
+        parent: SpanContext,
+        name: str,
+        start_ns: int,
+        end_ns: int,
+        *,
+        kind: SpanKind = SpanKind.INTERNAL,
+        attributes: Mapping[str, Any] | None = None,
+        events: Sequence[Event] = (),
+        status: Status = _UNSET,
+    ) -> None:
+        context = SpanContext(
+            parent.trace_id,
+            self._ids.generate_span_id(),
+            is_remote=False,
+            trace_flags=parent.trace_flags,
+            trace_state=parent.trace_state,
+        )
+        span = ReadableSpan(
+            name=name,
+            context=context,
+            parent=parent,
+            resource=self._resource,
+            attributes=attributes,
+            events=events,
+            kind=kind,
+            status=status,
+            start_time=start_ns,
+            end_time=end_ns,
+            instrumentation_scope=self._scope,
+        )
+        for processor in self._processors:
+            processor.on_end(span)
+
+
 class SdkTask(TaskTrace):
     """One task's span (`process <queue>`, or `create <queue>` in `sqsinfer enqueue`)."""
 
@@ -198,12 +252,14 @@ class SdkTask(TaskTrace):
         "_outgoing",
         "_span",
         "_start_ns",
+        "_steps",
         "_tracer",
         "recording",
     )
 
-    def __init__(self, tracer: trace.Tracer, span: trace.Span, start_ns: int) -> None:
+    def __init__(self, tracer: trace.Tracer, steps: Steps, span: trace.Span, start_ns: int) -> None:
         self._tracer = tracer
+        self._steps = steps
         self._span = span
         self._start_ns = start_ns
         self._end_ns: int | None = None
@@ -212,14 +268,11 @@ class SdkTask(TaskTrace):
         self._context = trace.set_span_in_context(span)
         self.recording = span.is_recording()
 
-    def _child(self, name: str, start_ns: int, end_ns: int) -> None:
-        self._tracer.start_span(name, self._context, start_time=start_ns).end(end_ns)
-
     def phase(self, phase: str, seconds: float) -> None:
         name = _PHASE_SPANS.get(phase)
         if name is not None and self.recording:
             end = time.time_ns()
-            self._child(name, end - _ns(seconds), end)
+            self._steps.record(self._span.get_span_context(), name, end - _ns(seconds), end)
 
     def compute(self, total_s: float, child: Mapping[str, Any]) -> None:
         """`compute`: the lease of a process, with the child's steps as events where they
@@ -229,21 +282,22 @@ class SdkTask(TaskTrace):
             return
         end = time.time_ns()
         start = end - _ns(total_s)
-        span = self._tracer.start_span("compute", self._context, start_time=start)
         spent_s = sum(float(child[key]) for key, _ in _CHILD_STEPS)
         at = start + _ns(max(0.0, total_s - spent_s) / 2)
+        events = []
         for key, name in _CHILD_STEPS:
-            span.add_event(name, {"sqsinfer.duration_s": float(child[key])}, timestamp=at)
+            events.append(Event(name, {"sqsinfer.duration_s": float(child[key])}, at))
             at += _ns(float(child[key]))
-        span.set_attribute("sqsinfer.rows", int(child.get("rows", 0)))
-        span.end(end)
+        rows = {"sqsinfer.rows": int(child.get("rows", 0))}
+        parent = self._span.get_span_context()
+        self._steps.record(parent, "compute", start, end, attributes=rows, events=events)
 
     def step(
         self, name: str, kind: str = "internal", attributes: Mapping[str, Any] | None = None
     ) -> contextlib.AbstractContextManager[None]:
         if not self.recording:
             return contextlib.nullcontext()
-        return _span(self._tracer, name, self._context, kind, attributes)
+        return self._timed(name, _KINDS[kind], attributes)
 
     def call(
         self, operation: str, destination: str, kind: str = "client"
@@ -251,7 +305,24 @@ class SdkTask(TaskTrace):
         if not self.recording:
             return contextlib.nullcontext()
         name, attributes = _call_attributes(operation, destination, 1)
-        return _span(self._tracer, name, self._context, kind, attributes)
+        return self._timed(name, _KINDS[kind], attributes)
+
+    @contextlib.contextmanager
+    def _timed(
+        self, name: str, kind: SpanKind, attributes: Mapping[str, Any] | None
+    ) -> Iterator[None]:
+        start = time.time_ns()
+        status = _UNSET
+        try:
+            yield
+        except BaseException as exc:  # a cancel too: the step did not finish
+            status = Status(StatusCode.ERROR, type(exc).__name__)
+            raise
+        finally:
+            parent = self._span.get_span_context()
+            self._steps.record(
+                parent, name, start, time.time_ns(), kind=kind, attributes=attributes, status=status
+            )
 
     def outgoing(self) -> dict[str, dict[str, str]]:
         if self._outgoing is None:
@@ -346,9 +417,10 @@ def _call_attributes(operation: str, destination: str, count: int) -> tuple[str,
 class SdkTracer(Tracer):
     enabled = True
 
-    def __init__(self, provider: TracerProvider) -> None:
+    def __init__(self, provider: TracerProvider, processors: Sequence[SpanProcessor]) -> None:
         self._provider = provider
         self._tracer = provider.get_tracer("sqsinfer", __version__)
+        self._steps = Steps(provider, processors)
 
     @classmethod
     def from_env(
@@ -360,9 +432,10 @@ class SdkTracer(Tracer):
         provider = TracerProvider(
             resource=_resource(service_instance, component), shutdown_on_exit=False
         )
-        for exporter in exporters:
-            provider.add_span_processor(BatchSpanProcessor(exporter))
-        return cls(provider)
+        processors = [BatchSpanProcessor(exporter) for exporter in exporters]
+        for processor in processors:
+            provider.add_span_processor(processor)
+        return cls(provider, processors)
 
     def _task(self, message: Received, queue: str, clock_ns: int) -> SdkTask:
         # The span starts when the message arrived, as the task's `seconds` count (from
@@ -382,7 +455,7 @@ class SdkTracer(Tracer):
             attributes,
             start_time=start,
         )
-        return SdkTask(self._tracer, span, start)
+        return SdkTask(self._tracer, self._steps, span, start)
 
     def received(self, queue_url: str, spent_s: float, messages: Sequence[Received]) -> None:
         if not messages:
@@ -418,7 +491,7 @@ class SdkTracer(Tracer):
         span = self._tracer.start_span(
             f"create {queue}", _ROOT, SpanKind.PRODUCER, attributes, start_time=start
         )
-        return SdkTask(self._tracer, span, start)
+        return SdkTask(self._tracer, self._steps, span, start)
 
     def shutdown(self, timeout_s: float) -> bool:
         """Flush and stop in a thread of its own, waited for `timeout_s`: an exporter stuck on
