@@ -104,7 +104,10 @@ def test_quick_run_of_the_traced_worker_reports_what_tracing_costs(tmp_path):
     assert traced["traces_exported"]["requests"] > 0 and traced["traces_exported"]["bytes"] > 0
     assert "traces_exported" not in found["scenarios"]["sqsinfer"]  # untraced, not exported
     assert isinstance(found["ratios"]["tracing_cpu_ms_per_task"], float)
-    assert "tracing every task" in done.stdout
+    hooks = found["tracing_hooks"]
+    assert hooks["flushed"] and hooks["exported_bytes_per_task"] > 0
+    assert hooks["traced_cpu_ms_per_task"] > hooks["off_cpu_ms_per_task"] > 0
+    assert "tracing every task" in done.stdout and "tracing alone" in done.stdout
 
 
 @pytest.mark.parametrize(

@@ -20,12 +20,13 @@ from typing import Any
 import orjson
 
 from sqsinfer import config
-from sqsinfer.bench import handoff, report, runner, workload
+from sqsinfer.bench import handoff, report, runner, tracecost, workload
 from sqsinfer.lab import standin
 
 _FULL_REGIMES = ["medium", "heavy"]
 _HANDOFF_REPS = {True: 20, False: 300}
 _POOL_REPEATS = {True: 1, False: 3}
+_TRACED_TASKS = {True: 500, False: 5000}  # the tracing micro-benchmark's
 
 
 def _regimes(args: argparse.Namespace) -> list[workload.Regime]:
@@ -109,6 +110,9 @@ def run_regime(
     pool = asyncio.run(
         handoff.pool_startup(model, ctx.processes, _POOL_REPEATS[args.quick], args.handler)
     )
+    if "tracing" not in shared and "sqsinfer-traced" in {s.name for s in _scenarios(args)}:
+        _progress("tracing micro-benchmark (a task's spans, exported)")
+        shared["tracing"] = tracecost.measure(_TRACED_TASKS[args.quick])
     runs = _run_scenarios(args, ctx, moto)
     extras = {
         "quick": bool(args.quick),
@@ -132,6 +136,8 @@ def run_regime(
         "handoff": shared["handoff"],
         "pool_startup": pool,
     }
+    if "tracing" in shared:
+        extras["tracing_hooks"] = shared["tracing"]
     return report.build(regime, runs, extras)
 
 
