@@ -25,10 +25,10 @@ PACKAGE = ROOT / "app" / "sqsinfer"
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 TOOLING_WINGS = ("bench", "lab")  # the core never imports these (nor what only they need)
 TOOLING_ONLY = {"psutil", "moto"}  # what the [local] extra brings (moto runs as a server)
-# Extras of features the worker loads when configured to (SQSINFER_HANDLER=onnx, .parquet):
-# the core may import them, where the feature is used, never at start-up.
-FEATURE_EXTRAS = ("onnx", "parquet")
-FEATURE_MODULES = {"onnxruntime", "pyarrow"}
+# Extras of features the core loads when asked for (SQSINFER_HANDLER=onnx, .parquet, the
+# --plot of `sqsinfer diff`): it may import them where the feature is used, never at start-up.
+FEATURE_EXTRAS = ("onnx", "parquet", "plot")
+FEATURE_MODULES = {"onnxruntime", "pyarrow", "matplotlib"}
 
 
 def _modules(*, tooling: bool) -> list[Path]:
@@ -105,7 +105,7 @@ def test_floors_that_were_found_too_low(name: str, low: str) -> None:
 
 def test_the_worker_command_runs_without_the_tooling_packages() -> None:
     """As in the image, no extras: the CLI still builds and every core module imports."""
-    absent = sorted(TOOLING_ONLY | FEATURE_MODULES | {"matplotlib"})
+    absent = sorted(TOOLING_ONLY | FEATURE_MODULES)
     code = (
         "import sys\n"
         f"for name in {absent!r}: sys.modules[name] = None  # import fails\n"

@@ -8,12 +8,15 @@ command reads a borrowed setting as the worker does.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import fields
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from sqsinfer import cli, config
+from sqsinfer.compute import formats
 from sqsinfer.config import Settings
 from tests.conftest import Stage
 
@@ -58,7 +61,7 @@ FORMS: dict[str, tuple[str, ...]] = {
     "log_format": ("auto", "json", "console"),
     "worker_id": ("", "pod-7"),
 }
-COMMANDS = ("plan", "enqueue", "status", "redrive")
+COMMANDS = ("plan", "enqueue", "status", "redrive", "diff")
 
 
 def _shell(stage: Stage, model_path: str, tmp_path: Path, form: int) -> dict[str, str]:
@@ -105,6 +108,11 @@ def form(request, stage, model_path, tmp_path, monkeypatch) -> int:
 def test_each_operator_command_runs_in_a_stage_shell(stage, tmp_path, capsys, form, command):
     manifest = tmp_path / "tasks.jsonl"
     manifest.write_text(json.dumps({"task_id": "a", "input": f"s3://{stage.bucket}/in/a.npy"}))
+    output_format = os.environ["SQSINFER_OUTPUT_FORMAT"]
+    if command == "diff":  # the output of task a under two prefixes, in the stage's format
+        body = formats.encode(np.ones((2, 1), dtype=np.float32), output_format)
+        for prefix in ("out/", "out-b/"):
+            stage.s3.put_object(Bucket=stage.bucket, Key=f"{prefix}a.{output_format}", Body=body)
     argv = {
         # processes 0 is "the container's CPUs", which a plan made elsewhere cannot know.
         "plan": ["plan", "--tasks", "1000", "--seconds-per-task", "2", "--pods-max", "10", "--json"]
@@ -112,14 +120,20 @@ def test_each_operator_command_runs_in_a_stage_shell(stage, tmp_path, capsys, fo
         "enqueue": ["enqueue", str(manifest), "--dry-run", "--json", "--quiet"],
         "status": ["status", "--interval-s", "0", "--json"],
         "redrive": ["redrive", "--dry-run", "--json"],
+        "diff": ["diff", f"s3://{stage.bucket}/out/", f"s3://{stage.bucket}/out-b/", "--json"],
     }[command]
+    if command == "diff":
+        argv += ["--manifest", str(manifest)]
     assert cli.main(argv) == 0, capsys.readouterr().err
     text = capsys.readouterr().out
-    out = json.loads(text if command == "plan" else text.splitlines()[-1])  # plan: indented
+    indented = command in ("plan", "diff")
+    out = json.loads(text if indented else text.splitlines()[-1])
     if command == "plan":  # the stage's processes, and prefetch as the worker reads it
         assert out["input"]["processes"] == (4 if form == 0 else 2)
         expected = 3 if FORMS["prefetch"][min(form, 2)] == "3" else 2  # auto starts at 2
         assert out["input"]["prefetch"] == expected
+    if command == "diff":  # the derived key's suffix is the stage's output format
+        assert (out["compared"], out["identical"]) == (1, 1)
     if command == "enqueue":  # checked with the stage's rules: its allow-list, its suffix
         assert (out["sent"], out["bad"], out["dry_run"]) == (1, 0, True)
 

@@ -47,6 +47,7 @@ from sqsinfer.ops.manifest import (
     manifest_format,
     read_listing,
     read_manifest,
+    run_on_manifest,
 )
 
 log = logging.getLogger("sqsinfer.enqueue")
@@ -496,21 +497,9 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
         pattern = KeyPattern.parse(args.from_prefix) if args.from_prefix else None
     except ValueError as exc:
         return common.usage_error("enqueue", str(exc))
-    try:
-        fh = _open_manifest(args.manifest) if args.manifest else None
-    except OSError as exc:
-        return common.usage_error("enqueue", f"cannot read {args.manifest}: {exc}")
-    try:
-        return common.run_command(
-            lambda: _main(args, validator, pattern, fh), "enqueue", args.log_level
-        )
-    finally:
-        if fh is not None:
-            fh.close()
-
-
-def _open_manifest(path: str) -> IO[bytes]:
-    return os.fdopen(os.dup(sys.stdin.fileno()), "rb") if path == "-" else open(path, "rb")
+    return run_on_manifest(
+        "enqueue", args.manifest, args.log_level, lambda fh: _main(args, validator, pattern, fh)
+    )
 
 
 def _total_bytes(fh: IO[bytes] | None) -> int | None:

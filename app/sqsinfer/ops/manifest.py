@@ -10,21 +10,24 @@ from __future__ import annotations
 
 import csv
 import fnmatch
-from collections.abc import AsyncIterator, Iterable, Iterator
+import os
+import sys
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import IO, Any
 
 import orjson
 
 from sqsinfer.compute.errors import InputError
 from sqsinfer.limits import SQS_DEFAULT_MAX_MESSAGE_BYTES
 from sqsinfer.messages import MessageRules, S3Uri, Task, parse_s3_uri, parse_task
+from sqsinfer.ops import common
 from sqsinfer.tracing import NO_TRACE, TaskTrace
 
 MANIFEST_FORMATS = ("jsonl", "csv")
 _CSV_COLUMNS = ("task_id", "input", "output")
 _GLOB_CHARS = "*?["
-_LIST_PAGE_SIZE = 1000
+LIST_PAGE_SIZE = 1000
 
 
 @dataclass(frozen=True)
@@ -207,6 +210,32 @@ def read_manifest(fh: Iterable[bytes], name: str, fmt: str, validator: Validator
     return read_jsonl(fh, name, validator)
 
 
+def run_on_manifest(
+    name: str,
+    path: str | None,
+    log_level: str,
+    main: Callable[[IO[bytes] | None], Coroutine[Any, Any, int]],
+) -> int:
+    """Run command `name` on the manifest at `path` (`-`: stdin; None: none), then close it.
+
+    A manifest that cannot be opened is a usage error (2), before anything runs.
+    """
+    try:
+        fh = _open(path) if path else None
+    except OSError as exc:
+        return common.usage_error(name, f"cannot read {path}: {exc}")
+    try:
+        return common.run_command(lambda: main(fh), name, log_level)
+    finally:
+        if fh is not None:
+            fh.close()
+
+
+def _open(path: str) -> IO[bytes]:
+    # stdin through a copy of its descriptor, so that closing it leaves sys.stdin alone.
+    return os.fdopen(os.dup(sys.stdin.fileno()), "rb") if path == "-" else open(path, "rb")
+
+
 def manifest_format(path: str, given: str | None) -> str:
     if given:
         return given
@@ -258,7 +287,7 @@ async def list_keys(s3: Any, pattern: KeyPattern) -> AsyncIterator[str]:
     pages = paginator.paginate(
         Bucket=pattern.bucket,
         Prefix=pattern.list_prefix,
-        PaginationConfig={"PageSize": _LIST_PAGE_SIZE},
+        PaginationConfig={"PageSize": LIST_PAGE_SIZE},
     )
     async for page in pages:
         for item in page.get("Contents", []):
