@@ -201,17 +201,20 @@ class Pipeline:
         """Run the task and settle the message. Never raises, except a second cancel."""
         tracing.enter(held.trace)  # what it sends carries its trace; batch calls link to it
         try:
-            try:
-                outcome = await self._process(held)
-            except asyncio.CancelledError:
-                # The message must still be handed back even though this task was cancelled.
-                outcome = await asyncio.shield(self._settle_cancelled(held))
-            held.release_slot()
-            outcome = held.final(outcome)
-            self._record(held, outcome)
-            return outcome
+            return await self._handle(held)
         finally:
             held.trace.end()  # however it ended: no span is left open
+
+    async def _handle(self, held: Held) -> Outcome:
+        try:
+            outcome = await self._process(held)
+        except asyncio.CancelledError:
+            # The message must still be handed back even though this task was cancelled.
+            outcome = await asyncio.shield(self._settle_cancelled(held))
+        held.release_slot()
+        outcome = held.final(outcome)
+        self._record(held, outcome)
+        return outcome
 
     async def _process(self, held: Held) -> Outcome:
         try:
