@@ -5,16 +5,18 @@ connection; real AWS does all three. Put this proxy in front of the moto server 
 point the worker's endpoint setting at it, exactly as it would point at AWS. Per
 operation and at seeded random rates it answers S3 503 `SlowDown` / 500, S3 409 on
 conditional puts, SQS 500 / throttling, adds latency, holds visibility changes back
-(a stalled call that still lands, late), and closes connections after the real answer
-came back but before the client read all of it (the request took effect; the client
-cannot know).
+(a stalled call that still lands, late), closes connections after the real answer
+came back but before the client read all of it, and resets connections (a TCP RST, as
+a load balancer or a NAT gateway sends one) after the real answer came back, before any
+of it was sent. Either way the request took effect, and the client cannot know: a clean
+close reaches it as a broken answer, a reset as the SDK error a refused connect raises.
 
 Targeted rules, for the paths where one fault matters most: `SendMessage` answers
-dropped after SQS took the message (a lost answer whose retry sends it twice), bursts of
-503s on the `.chain` marker PUTs long enough to outlast the SDK's own retries, every
-call of chosen operations failed, fixed delays per operation, slow reads of chosen
-keys (a task that holds its message for long), and a cap on how often each kind of
-fault is injected.
+dropped or reset after SQS took the message (a lost answer whose retry sends it
+twice), bursts of 503s on the `.chain` marker PUTs long enough to outlast the SDK's own
+retries, every call of chosen operations failed, fixed delays per operation, slow reads
+of chosen keys (a task that holds its message for long) and stalls aimed at those
+tasks' extensions, and a cap on how often each kind of fault is injected.
 
 It can also record every message sent through it (`record_path`: one JSON line per
 message, its queue, body and attributes), so that what a worker sent can be held to
@@ -31,6 +33,8 @@ import dataclasses
 import logging
 import random
 import signal
+import socket
+import struct
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -50,9 +54,13 @@ _SKIP_HEADERS = frozenset({"transfer-encoding", "connection", "content-length", 
 DROP_DEFAULT_OPERATIONS = frozenset(
     {"GetObject", "PutObject", "ReceiveMessage", "DeleteMessageBatch"}
 )
+RESET_DEFAULT_OPERATIONS = frozenset(
+    {"SendMessage", "SendMessageBatch", "PutObject", "DeleteMessageBatch"}
+)
 VISIBILITY_OPERATIONS = frozenset({"ChangeMessageVisibility", "ChangeMessageVisibilityBatch"})
 SEND_OPERATIONS = frozenset({"SendMessage", "SendMessageBatch"})  # next-stage sends are batched
 MARKER_SUFFIX = ".chain"
+RESET_LINE = "answer reset"  # logged for each reset: its operation and queue
 # A burst of this many failures outlasts the SDK's own retries: the call itself fails.
 SDK_ATTEMPTS = SDK_RETRIES + 1
 
@@ -68,6 +76,8 @@ class FaultPlan:
     latency_ms: float = 0.0  # up to this much added, uniformly
     drop: float = 0.0
     drop_operations: frozenset[str] = DROP_DEFAULT_OPERATIONS
+    reset: float = 0.0  # answers of these operations reset (RST) after the service acted
+    reset_operations: frozenset[str] = RESET_DEFAULT_OPERATIONS
     spare_operations: frozenset[str] = frozenset()  # never faulted (e.g. set-up calls)
     refuse_credentials: bool = False  # answer everything as AWS does to a bad key
     # Visibility changes held this long before they are forwarded: a stalled call that
@@ -75,15 +85,20 @@ class FaultPlan:
     # (0: no limit); only calls whose every entry asks for at least
     # `visibility_delay_min_s` (a keeper's extensions ask for the whole timeout, a
     # hand-back for less); with `visibility_delay_once`, at most one call per receipt
-    # handle (the retry of a held extension gets through).
+    # handle (the retry of a held extension gets through); with
+    # `visibility_delay_slow_only`, only calls that carry a slow task's message (one
+    # whose `input` is a key under a `slow_reads` prefix: a hold known to be long).
     visibility_delay_s: float = 0.0
     visibility_delay_rate: float = 0.0
     visibility_delay_calls: int = 0
     visibility_delay_min_s: int = 0
     visibility_delay_once: bool = False
+    visibility_delay_slow_only: bool = False
     slow_reads: dict[str, float] = field(default_factory=dict)  # key prefix -> s per GetObject
     send_drop: float = 0.0  # SendMessage answers dropped after SQS took the message
     send_drop_queue: str = ""  # only sends to a queue whose URL ends in this ("": any)
+    send_reset: float = 0.0  # SendMessage answers reset after SQS took the message
+    send_reset_queue: str = ""  # only sends to a queue whose URL ends in this ("": any)
     marker_failures: float = 0.0  # `.chain` PUTs that start a burst of 503s (once per key)
     marker_burst: int = SDK_ATTEMPTS  # 503s in a row per burst
     marker_burst_max: int = 0  # above marker_burst: each burst's length drawn up to this
@@ -207,6 +222,7 @@ class FaultProxy:
         # Receipt handle -> message id, from the receives: names the messages of a held call.
         self._receipts: dict[str, str] = {}
         self._held_receipts: set[str] = set()
+        self._slow_receipts: set[str] = set()  # those of messages whose input reads slowly
 
     @property
     def url(self) -> str:
@@ -321,6 +337,8 @@ class FaultProxy:
             return False
         if p.visibility_delay_once and self._held_receipts.intersection(op.receipts):
             return False
+        if p.visibility_delay_slow_only and not self._slow_receipts.intersection(op.receipts):
+            return False
         if not self._chance(p.visibility_delay_rate):
             return False
         self.counts["sqs:visibility_delayed"] += 1
@@ -347,6 +365,18 @@ class FaultProxy:
                     await asyncio.sleep(seconds)
                     return
 
+    def _note_receives(self, body: bytes) -> None:
+        """Name the receipt handles of a receive's messages; mark the slow tasks' ones."""
+        for message in json_object(body).get("Messages", []):
+            self._receipts[message["ReceiptHandle"]] = message["MessageId"]
+            if self._reads_slowly(str(message.get("Body", ""))):
+                self._slow_receipts.add(message["ReceiptHandle"])
+
+    def _reads_slowly(self, body: str) -> bool:
+        """Whether a task message's input (`s3://bucket/key`) is a key read slowly here."""
+        key = str(json_object(body).get("input", "")).removeprefix("s3://").partition("/")[2]
+        return any(key.startswith(prefix) for prefix in self.plan.slow_reads)
+
     def _allowed(self, op: Operation, kind: str) -> bool:
         """Whether `plan.limits` leaves room for one more fault of this kind."""
         limit = self.plan.limits.get(f"{op.service}:{kind}")
@@ -359,11 +389,18 @@ class FaultProxy:
         return response
 
     def _dropped(self, op: Operation) -> str:
-        """The kind of answer drop chosen for this request, or ''."""
+        """The kind of answer loss chosen for this request (a `..._reset` or a `...dropped`
+        kind), or ''."""
         p = self.plan
-        sending = op.name in SEND_OPERATIONS and op.queue.endswith(p.send_drop_queue)
-        if sending and self._chance(p.send_drop) and self._allowed(op, "send_dropped"):
-            return "send_dropped"
+        if op.name in SEND_OPERATIONS:
+            for kind, rate, queue in (
+                ("send_reset", p.send_reset, p.send_reset_queue),
+                ("send_dropped", p.send_drop, p.send_drop_queue),
+            ):
+                if op.queue.endswith(queue) and self._chance(rate) and self._allowed(op, kind):
+                    return kind
+        if op.name in p.reset_operations and self._chance(p.reset) and self._allowed(op, "reset"):
+            return "reset"
         if op.name in p.drop_operations and self._chance(p.drop) and self._allowed(op, "dropped"):
             return "dropped"
         return ""
@@ -385,10 +422,11 @@ class FaultProxy:
         drop = "" if op.name in self.plan.spare_operations else self._dropped(op)
         status, headers, body = await self._forward(request)
         if op.name == "ReceiveMessage" and status == 200 and self.plan.visibility_delay_s > 0:
-            for message in json_object(body).get("Messages", []):
-                self._receipts[message["ReceiptHandle"]] = message["MessageId"]
+            self._note_receives(body)
         if drop:
             self.counts[f"{op.service}:{drop}"] += 1
+            if drop.endswith("reset"):
+                return self._reset(request, op, status)
             return await self._drop(request, status, headers, body)
         return web.Response(status=status, headers=headers, body=body)
 
@@ -409,6 +447,18 @@ class FaultProxy:
             payload = await upstream.read()
             kept = {k: v for k, v in upstream.headers.items() if k.lower() not in _SKIP_HEADERS}
             return upstream.status, kept, payload
+
+    def _reset(self, request: web.Request, op: Operation, status: int) -> web.StreamResponse:
+        """Reset the connection (RST) before a byte of the real answer is sent: the client's
+        read fails with ECONNRESET, as when a load balancer or a NAT drops the flow."""
+        transport = request.transport
+        if transport is not None:
+            sock = transport.get_extra_info("socket")
+            if sock is not None:  # linger on, for 0 s: the close sends RST, not FIN
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            transport.abort()
+        log.info(RESET_LINE, extra={"operation": op.name, "queue": op.queue})
+        return web.Response(status=status)  # never sent: the connection is gone
 
     async def _drop(
         self, request: web.Request, status: int, headers: dict[str, str], body: bytes
@@ -448,7 +498,9 @@ _RATES = (
     "sqs_errors",
     "latency_ms",
     "drop",
+    "reset",
     "send_drop",
+    "send_reset",
     "marker_failures",
     "visibility_delay_s",
     "visibility_delay_rate",
@@ -457,12 +509,14 @@ _RATES = (
 _OPTIONS = (
     "seed",
     "send_drop_queue",
+    "send_reset_queue",
     "marker_burst",
     "marker_burst_max",
     "marker_updates_only",
     "visibility_delay_calls",
     "visibility_delay_min_s",
     "visibility_delay_once",
+    "visibility_delay_slow_only",
 )
 
 
@@ -472,7 +526,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="A fault-injecting proxy in front of a local S3/SQS endpoint.",
         epilog="example:\n  python -m proving.faults --target http://127.0.0.1:5000 --port 5001 "
         "--s3-5xx 0.1 --s3-conflict 0.02 --sqs-errors 0.02 --latency-ms 20 --drop 0.01\n"
-        "      --send-drop 0.02 --send-drop-queue stage2 --marker-failures 0.02",
+        "      --reset 0.005 --send-drop 0.02 --send-drop-queue stage2 --send-reset 0.02\n"
+        "      --send-reset-queue stage2 --marker-failures 0.02",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--target", required=True, help="the endpoint to front (loopback only)")
@@ -482,6 +537,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--" + name.replace("_", "-"), type=float, default=0.0)
     p.add_argument(
         "--send-drop-queue", default="", help="drop only sends to a queue whose URL ends in this"
+    )
+    p.add_argument(
+        "--send-reset-queue", default="", help="reset only sends to a queue whose URL ends in this"
     )
     p.add_argument(
         "--marker-burst", type=int, default=SDK_ATTEMPTS, help="503s in a row per marker burst"
@@ -510,6 +568,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--visibility-delay-once",
         action="store_true",
         help="hold at most one visibility call per receipt handle",
+    )
+    p.add_argument(
+        "--visibility-delay-slow-only",
+        action="store_true",
+        help="hold only calls carrying a message whose input is a --slow-read key",
     )
     p.add_argument(
         "--slow-read",

@@ -4,6 +4,9 @@
 cell of the first row is an instruction, the prediction is each row's sum.
   > 0   sleep that many seconds, then predict
   -1    the process kills itself (a segfault or an OOM kill, as the pool sees it)
+  -2    raise `NativePanic`, a BaseException that is no Exception (as pyo3's
+        PanicException is, when a Rust extension panics)
+  -3    sys.exit(3), as a handler that gives up might
 """
 
 from __future__ import annotations
@@ -18,6 +21,12 @@ import numpy as np
 from sqsinfer.compute import formats, inference
 
 KILL = -1.0
+PANIC = -2.0
+EXIT = -3.0
+
+
+class NativePanic(BaseException):
+    """What a Rust extension's panic raises through pyo3: not an Exception."""
 
 
 class ScriptedHandler:
@@ -31,6 +40,10 @@ class ScriptedHandler:
         first = float(array[0, 0])
         if first == KILL:
             os.kill(os.getpid(), signal.SIGKILL)
+        elif first == PANIC:
+            raise NativePanic("called `Option::unwrap()` on a `None` value")
+        elif first == EXIT:
+            sys.exit(3)
         elif first > 0:
             time.sleep(first)
         return array.sum(axis=1)

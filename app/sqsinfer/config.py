@@ -29,6 +29,9 @@ ENV_PREFIX = "SQSINFER_"
 # then tasks still running are cancelled and their messages released within this long.
 COMMIT_GRACE_S = 10.0
 FORCED_RELEASE_S = 5.0
+# The long poll pending at SIGTERM is let end (its messages are then released): within
+# wait_time_s, and this long for its answer to arrive.
+LAST_RECEIVE_GRACE_S = 5.0
 _MODEL_DIR = "sqsinfer-model"
 _DRAIN_MARGIN_S = 10.0  # the derived drain: a task started just before SIGTERM, and its commit
 
@@ -167,7 +170,8 @@ class Settings:
     )
     chain_settle_s: float = _opt(
         30.0,
-        "a delivery that finds another's chain intent waits this long, then takes the link over",
+        "a delivery that finds another's chain intent waits this long, then takes the link "
+        "over; with task_time_s, below max_task_time_s",
         float,
     )
     max_message_bytes: int = _opt(
@@ -204,8 +208,13 @@ class Settings:
 
     @property
     def shutdown_budget_s(self) -> float:
-        """The longest a worker takes from SIGTERM to exit: the pod's grace must exceed it."""
-        return self.drain_deadline_s + COMMIT_GRACE_S + FORCED_RELEASE_S
+        """The longest a worker takes from SIGTERM to exit: the pod's grace must exceed it.
+
+        The drain and the end of the pending long poll run side by side; whichever ends
+        later starts the commit grace and the forced release.
+        """
+        last_receive_s = self.wait_time_s + LAST_RECEIVE_GRACE_S
+        return max(self.drain_deadline_s, last_receive_s) + COMMIT_GRACE_S + FORCED_RELEASE_S
 
     # -- construction ---------------------------------------------------------------
     @classmethod
@@ -351,7 +360,7 @@ def _check_numbers(s: Settings, _: bool) -> None:
     )
     _require(0 <= s.wait_time_s <= SQS_MAX_WAIT_S, "wait_time_s", f"must be 0-{SQS_MAX_WAIT_S}")
     _check_task_times(s)
-    _require(s.chain_settle_s > 0, "chain_settle_s", "must be above 0")
+    _check_chain_settle(s)
     _require(0 < s.retry_base_s <= s.retry_max_s, "retry_base_s", "must be in (0, retry_max_s]")
     _require(
         s.retry_max_s <= SQS_MAX_VISIBILITY_S, "retry_max_s", f"at most {SQS_MAX_VISIBILITY_S}"
@@ -375,6 +384,23 @@ def _check_task_times(s: Settings) -> None:
         "max_task_time_s",
         f"must be between task_time_s ({s.task_time_s:g} s) and SQS's visibility cap "
         f"({SQS_MAX_VISIBILITY_S} s)",
+    )
+
+
+def _check_chain_settle(s: Settings) -> None:
+    _require(s.chain_settle_s > 0, "chain_settle_s", "must be above 0")
+    if not s.next_queue_url:
+        return  # nothing is chained: the settle is never waited
+    # A delivery may compute for task_time_s and then wait out a whole settle, holding
+    # its message; past max_task_time_s the keeper abandons it first (a receive spent,
+    # and on a queue that keeps failing to settle, the DLQ) instead of taking over.
+    _require(
+        s.task_time_s + s.chain_settle_s < s.max_task_time_s,
+        "chain_settle_s",
+        f"is {s.chain_settle_s:g} s: with {env_name('task_time_s')} "
+        f"({s.task_time_s:g} s) it must stay below {env_name('max_task_time_s')} "
+        f"({s.max_task_time_s:g} s), or a delivery waiting for another's chain link is "
+        "abandoned and retried before it may take the link over",
     )
 
 

@@ -40,6 +40,10 @@ class Event(StrEnum):
     DRAINING = "draining"
     STOPPED = "stopped"
     DRAIN_DEADLINE_PASSED = "drain deadline passed, releasing"
+    LAST_RECEIVE_RELEASED = "released what the last receive brought"
+    LAST_RECEIVE_ABANDONED = "last receive abandoned"
+    RECEIVING_PAUSED = "no inference process can start: receiving paused, releasing"
+    RECEIVING_RESUMED = "an inference process is back: receiving again"
     # one message's outcome and its steps
     TASK_FAILED = "task failed, will retry"
     DELETE_FAILED = "delete failed"

@@ -21,6 +21,7 @@ from proving.chaos.verdict import (
     check_visibility,
     json_lines,
     proxy_counts,
+    resets_by_queue,
 )
 from proving.chaos.workload import (
     FEATURES,
@@ -88,11 +89,11 @@ def run(config: ChaosConfig) -> Findings:
         findings.expect(drained, f"queues did not drain within {config.timeout_s} s")
         findings.expect(not any(codes), f"workers exited with {codes} at the end")
         findings.expect(events_ok(chaos.events, config), "not all chaos events happened")
+        proxy_lines = json_lines(os.path.join(workdir, PROXY_LOG))
         check_outputs(moto.url, work, models, findings)
-        check_queues(moto.url, work, queues, findings)
+        check_queues(moto.url, work, queues, resets_by_queue(proxy_lines), findings)
         worker_lines = {w.name: w.log_records() for w in chaos.workers}
         check_logs(worker_lines, work, findings)
-        proxy_lines = json_lines(os.path.join(workdir, PROXY_LOG))
         check_sends(moto.url, json_lines(os.path.join(workdir, SENDS)), work, queues, findings)
         check_visibility(worker_lines, proxy_lines, chaos, findings)
         findings.figures["faults injected"] = proxy_counts(proxy_lines)
@@ -123,14 +124,16 @@ OPTION_HELP = {
     "feed_depth": "messages the feeder keeps waiting on stage 1",
     "squatters": "tasks whose output another producer created first",
     "non_xml": "sets of messages with characters SQS refuses",
-    "slow_tasks": "tasks whose input read is held past two visibility timeouts",
-    "visibility_delay_calls": "extension calls held back",
+    "slow_tasks": "tasks whose input read is held for three visibility timeouts",
+    "visibility_delay_calls": "extension calls of the slow tasks held back, at most",
     "s3_5xx": "S3 requests answered 500 or 503 (rate)",
     "s3_conflict": "conditional puts answered 409 (rate)",
     "sqs_errors": "SQS requests answered 500 or throttled (rate)",
     "latency_ms": "latency added to each request, up to (ms)",
     "drop": "answers cut off after the service acted (rate)",
+    "reset": "sends, puts and deletes reset (RST) after the service acted (rate)",
     "send_drop": "next-stage send answers lost after SQS took the message (rate)",
+    "send_reset": "next-stage sends reset (RST) after SQS took the message (rate)",
     "marker_failures": "chain markers whose records meet a burst of 503s (rate)",
     "poison_rate": "bad messages among the tasks (rate)",
     "duplicate_rate": "tasks sent twice (rate)",

@@ -29,16 +29,23 @@ _POLL_S = 0.5
 EXTENSIONS_METRIC = "sqsinfer_visibility_extensions_total"
 
 
+# A slow task's input read is held this many visibility timeouts. The stalled call is
+# the first extension of its message, sent within a timeout of the receive (else the
+# message lapsed, which the verdict finds anyway); the hold must outlast that call by a
+# timeout to prove anything, which leaves a whole timeout to spare on a loaded machine.
+SLOW_READ_TIMEOUTS = 3
+
+
 def _visibility_faults(config: ChaosConfig) -> list[str]:
     """Slow tasks, whose messages the keeper must extend, and stalled extensions."""
-    # A slow task holds its message for two visibility timeouts, reading its input.
-    slow = ["--slow-read", f"{SLOW_PREFIX}={2 * config.visibility_timeout_s}"]
+    slow = ["--slow-read", f"{SLOW_PREFIX}={SLOW_READ_TIMEOUTS * config.visibility_timeout_s}"]
     if not config.visibility_delay_calls:  # (0 calls would mean no limit to the proxy)
         return slow
     return [
         *slow,
-        # Only extensions (they ask for the whole timeout; hand-backs for less), each
-        # message's at most once: one stalled call per message, its retry gets through.
+        # Only extensions (they ask for the whole timeout; hand-backs for less) of the
+        # slow tasks' messages, each receipt's at most once: one stalled call per
+        # delivery of a slow task, and its retry gets through.
         "--visibility-delay-s",
         str(config.visibility_delay_s),
         "--visibility-delay-rate",
@@ -48,6 +55,7 @@ def _visibility_faults(config: ChaosConfig) -> list[str]:
         "--visibility-delay-min-s",
         str(config.visibility_timeout_s),
         "--visibility-delay-once",
+        "--visibility-delay-slow-only",
     ]
 
 
@@ -75,10 +83,17 @@ def start_proxy(
         str(config.latency_ms),
         "--drop",
         str(config.drop),
+        # Sends (to stage 2 and to the DLQs), puts and deletes: answers reset (RST).
+        "--reset",
+        str(config.reset),
         # Answers lost only for stage 1's sends to stage 2: a duplicate there is counted.
         "--send-drop",
         str(config.send_drop),
         "--send-drop-queue",
+        queue_name(queues["stage2"]),
+        "--send-reset",
+        str(config.send_reset),
+        "--send-reset-queue",
         queue_name(queues["stage2"]),
         # Bursts on the "sent" record from just past the SDK's attempts (the worker's
         # own retries recover) to past the worker's too (the link is taken over later).

@@ -30,7 +30,9 @@ class ChaosConfig:
     sqs_errors: float = 0.02
     latency_ms: float = 20.0
     drop: float = 0.01
+    reset: float = 0.01  # sends, puts and deletes whose connection is reset after they acted
     send_drop: float = 0.02  # next-stage SendMessage answers lost after SQS took the message
+    send_reset: float = 0.02  # next-stage sends whose connection is reset after SQS took them
     marker_failures: float = 0.02  # chain markers whose "sent" record meets a burst of 503s
     poison_rate: float = 0.01
     squatters: int = 5  # tasks whose output a producer created first, under another task id
@@ -38,11 +40,11 @@ class ChaosConfig:
     duplicate_rate: float = 0.05
     child_kills: int = 3
     visibility_timeout_s: int = 8
-    # Tasks fed first whose input read the proxy holds two visibility timeouts: held
+    # Tasks fed first whose input read the proxy holds three visibility timeouts: held
     # messages the keeper must extend while their extensions stall.
     slow_tasks: int = 4
-    # Extension calls held this long, past the timeout: the first ones (at rate 1), so
-    # the slow tasks' first extensions are among them; each message's at most once.
+    # Extension calls held this long, past the timeout: those of the slow tasks' messages
+    # (at rate 1), each delivery's first one; at most this many calls.
     visibility_delay_s: float = 12.0
     visibility_delay_rate: float = 1.0
     visibility_delay_calls: int = 4

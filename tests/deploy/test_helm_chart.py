@@ -487,32 +487,41 @@ def shutdown_settings(env: dict[str, str], tmp_path: Path) -> Settings:
     return worker_settings(required | env, model)
 
 
-def least_grace(drain_s: float) -> int:
+def least_grace(drain_s: float, wait_s: int | None = None) -> int:
     """What the worker needs from SIGTERM to exit, by its own numbers, plus the exit margin."""
-    budget = Settings(drain_deadline_s=drain_s).shutdown_budget_s
-    return math.ceil(budget) + EXIT_MARGIN_S
+    settings = Settings(drain_deadline_s=drain_s)
+    if wait_s is not None:
+        settings = dataclasses.replace(settings, wait_time_s=wait_s)
+    return math.ceil(settings.shutdown_budget_s) + EXIT_MARGIN_S
+
+
+def _times(task: float | None, drain: float | None, wait: int | None = None) -> dict[str, Any]:
+    return {"task_time_s": task, "drain_deadline_s": drain, "wait_time_s": wait}
 
 
 @pytest.mark.parametrize(
-    ("task", "drain", "grace"),
+    ("worker", "grace"),
     [
-        (None, None, 90),  # the worker's 60 s tasks: drain 70 s + 10 + 5 + 5
-        (15, None, 45),  # drain 25 s
-        (30, None, 60),
-        (20.5, None, 51),  # drain 30.5 s: the budget rounds up
-        (None, 100, 120),  # an explicit drain above the derived one
-        (30, 0, 60),  # 0 means derived, as for the worker
+        (_times(None, None), 90),  # the worker's 60 s tasks: drain 70 s + 10 + 5 + 5
+        (_times(15, None), 45),  # drain 25 s
+        (_times(30, None), 60),
+        (_times(20.5, None), 51),  # drain 30.5 s: the budget rounds up
+        (_times(None, 100), 120),  # an explicit drain above the derived one
+        (_times(30, 0), 60),  # 0 means derived, as for the worker
+        (_times(5, None), 45),  # drain 15 s, but the last long poll ends 20 + 5 s in
+        (_times(5, None, wait=5), 35),  # a 5 s long poll: the drain decides
     ],
 )
 def test_grace_period_is_derived_as_the_worker_derives_its_shutdown(
-    chart: helm.Chart, task: float | None, drain: float | None, grace: int, tmp_path: Path
+    chart: helm.Chart, worker: dict[str, Any], grace: int, tmp_path: Path
 ) -> None:
-    rendered = render(chart, {"worker": {"task_time_s": task, "drain_deadline_s": drain}})
+    rendered = render(chart, {"worker": worker})
     assert pod_spec(rendered)["terminationGracePeriodSeconds"] == grace
     env = rendered.env()
-    assert ("SQSINFER_DRAIN_DEADLINE_S" in env) == (drain is not None)  # 0 and unset: derived
+    # 0 and unset: derived, as for the worker
+    assert ("SQSINFER_DRAIN_DEADLINE_S" in env) == (worker["drain_deadline_s"] is not None)
     settings = shutdown_settings(env, tmp_path)
-    assert grace == least_grace(settings.drain_deadline_s)
+    assert grace == least_grace(settings.drain_deadline_s, settings.wait_time_s)
     assert f"drain {settings.drain_deadline_s:g} s within a grace period of {grace} s" in (
         rendered.notes.replace(".0 s", " s")
     )
@@ -554,7 +563,11 @@ def test_the_chart_holds_the_workers_shutdown_numbers() -> None:
     assert 'addf (include "sqsinfer.taskTime" . | float64) 10.0' in helpers
     assert config._DRAIN_MARGIN_S == 10.0
     assert config.COMMIT_GRACE_S + config.FORCED_RELEASE_S == 15.0
-    assert 'addf (include "sqsinfer.drain" . | float64) 15.0' in helpers
+    assert 'addf (include "sqsinfer.shutdownWait" . | float64) 15.0' in helpers
+    default_wait = next(f.default for f in dataclasses.fields(Settings) if f.name == "wait_time_s")
+    assert f"{{{{ {float(default_wait):.1f} }}}}" in helpers  # the worker's long-poll wait
+    assert config.LAST_RECEIVE_GRACE_S == 5.0
+    assert 'addf (include "sqsinfer.waitTime" . | float64) 5.0' in helpers
 
 
 @pytest.mark.parametrize("stage", [None, *STAGES])

@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import time
 
+import aiohttp
 import numpy as np
 import pytest
-from botocore.exceptions import ClientError, ConnectionClosedError
+from botocore.exceptions import ClientError, ConnectionClosedError, EndpointConnectionError
 
 from proving.faults import SDK_ATTEMPTS, FaultPlan, FaultProxy, classify, parse_slow_reads
 from proving.sqs_rules import unsendable
-from sqsinfer.aws.session import open_clients
+from sqsinfer.aws.session import may_have_taken_effect, open_clients
 from sqsinfer.compute.handlers.xgboost_impl import XGBoostHandler
-from sqsinfer.lab import synthetic
+from sqsinfer.lab import standin, synthetic
 from sqsinfer.limits import SQS_DEFAULT_MAX_MESSAGE_BYTES
 from sqsinfer.metrics import Metrics
 from tests.conftest import N_FEATURES, Stage, eventually, outcome_count, running, sample
@@ -195,6 +197,40 @@ async def test_only_extensions_are_held_once_per_message_and_named(stage: Stage,
     assert [(r.message_ids, r.visibility_s) for r in held] == [([message_id], [30])]
 
 
+async def test_with_slow_only_just_the_calls_carrying_a_slow_task_are_held(stage: Stage, caplog):
+    """The stall is aimed at a hold known to be long: a task whose input reads slowly."""
+    slow_id = stage.send({"task_id": "s", "input": f"s3://{stage.bucket}/in/slow-1.npy"})
+    stage.send({"task_id": "f", "input": f"s3://{stage.bucket}/in/fast-1.npy"})
+    plan = FaultPlan(
+        visibility_delay_s=0.1,
+        visibility_delay_rate=1.0,
+        visibility_delay_once=True,
+        visibility_delay_slow_only=True,
+        slow_reads={"in/slow-": 0.1},
+    )
+    proxy = FaultProxy(stage.endpoint, plan)
+    await proxy.start()
+    handles: dict[str, str] = {}
+    try:
+        async with open_clients("us-east-1", proxy.url) as clients:
+            while len(handles) < 2:
+                got = await clients.sqs.receive_message(
+                    QueueUrl=stage.queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=1
+                )
+                for m in got.get("Messages", []):
+                    handles[json.loads(m["Body"])["task_id"]] = m["ReceiptHandle"]
+            for task_id in ("f", "s", "f"):
+                entries = [{"Id": "0", "ReceiptHandle": handles[task_id], "VisibilityTimeout": 30}]
+                await clients.sqs.change_message_visibility_batch(
+                    QueueUrl=stage.queue_url, Entries=entries
+                )
+    finally:
+        await proxy.stop()
+    assert proxy.counts == {"sqs:visibility_delayed": 1}
+    held = [r for r in caplog.records if r.getMessage() == "visibility call held"]
+    assert [r.message_ids for r in held] == [[slow_id]]
+
+
 async def test_slow_reads_hold_only_the_keys_under_their_prefix(stage: Stage):
     stage.put_input("slow-1.npy", b"slow")
     stage.put_input("fast-1.npy", b"fast")
@@ -275,3 +311,41 @@ async def test_an_answer_lost_on_the_way_reaches_the_caller_as_the_sdks_error_an
     assert proxy.counts == {"sqs:send_dropped": 1}
     assert sample(metrics, "sqsinfer_aws_requests_total", operation="SendMessage") == 1
     assert sample(metrics, "sqsinfer_aws_errors_total", operation="SendMessage") == 1
+
+
+async def test_a_reset_answer_took_effect_yet_reads_as_the_sdks_connection_error(stage: Stage):
+    """Sends, puts and deletes reach the service; each answer is a reset (RST). The SDK
+    calls it what it calls a refused connect, so only the error under it tells them apart."""
+    stage.send("to delete")
+    plan = FaultPlan(reset=1.0, limits={"sqs:reset": 2, "s3:reset": 1})
+    proxy = FaultProxy(stage.endpoint, plan)
+    await proxy.start()
+    nowhere = f"http://127.0.0.1:{standin.free_port()}"
+    try:
+        async with (
+            open_clients("us-east-1", proxy.url) as clients,
+            open_clients("us-east-1", nowhere) as unreachable,
+        ):
+            with pytest.raises(EndpointConnectionError) as reset:
+                await clients.sqs_single_attempt.send_message(
+                    QueueUrl=stage.next_url, MessageBody="sent"
+                )
+            with pytest.raises(EndpointConnectionError) as refused:
+                await unreachable.sqs_single_attempt.send_message(
+                    QueueUrl=stage.next_url, MessageBody="never"
+                )
+            # With the SDK's retries, a reset call is sent again and succeeds.
+            await clients.s3.put_object(Bucket=stage.bucket, Key="out/a.npy", Body=b"put")
+            got = await clients.sqs.receive_message(QueueUrl=stage.queue_url, WaitTimeSeconds=1)
+            entries = [{"Id": "0", "ReceiptHandle": got["Messages"][0]["ReceiptHandle"]}]
+            await clients.sqs.delete_message_batch(QueueUrl=stage.queue_url, Entries=entries)
+    finally:
+        await proxy.stop()
+    assert proxy.counts == {"sqs:reset": 2, "s3:reset": 1}
+    cause = reset.value.kwargs["error"]
+    assert isinstance(cause, aiohttp.ClientOSError) and cause.errno == errno.ECONNRESET
+    assert may_have_taken_effect(reset.value)
+    assert not may_have_taken_effect(refused.value)
+    assert [m["Body"] for m in stage.drain_queue(stage.next_url)] == ["sent"]
+    assert stage.outputs() == {"out/a.npy": b"put"}
+    assert stage.counts(stage.queue_url) == (0, 0)  # the delete took effect

@@ -112,6 +112,24 @@ def test_a_bad_setting_is_named(env, changes, setting):
     assert str(caught.value).startswith(setting)
 
 
+def test_a_chain_settle_the_task_time_limit_would_cut_short_is_refused(env):
+    """Waiting out the settle after its own work, a delivery must not pass
+    max_task_time_s: the keeper would abandon it, spending a receive, every time."""
+    chained = env | {
+        "SQSINFER_NEXT_QUEUE_URL": "http://127.0.0.1:1/next",
+        "SQSINFER_TASK_TIME_S": "60",
+        "SQSINFER_MAX_TASK_TIME_S": "120",
+    }
+    with pytest.raises(ConfigError) as caught:
+        Settings.load(chained | {"SQSINFER_CHAIN_SETTLE_S": "60"})
+    assert caught.value.setting == "SQSINFER_CHAIN_SETTLE_S"
+    assert "SQSINFER_MAX_TASK_TIME_S (120 s)" in str(caught.value)
+    assert "SQSINFER_TASK_TIME_S (60 s)" in str(caught.value)
+    assert Settings.load(chained | {"SQSINFER_CHAIN_SETTLE_S": "59"}).chain_settle_s == 59
+    # Not chained: the settle is never waited, so it is not held to the limit.
+    assert Settings.load(env | {"SQSINFER_CHAIN_SETTLE_S": "5000"}).chain_settle_s == 5000
+
+
 def test_the_command_refuses_bad_settings_with_the_name_and_exit_code_2(env):
     result = subprocess.run(
         [sys.executable, "-m", "sqsinfer", "worker", "--heartbeat-s", "90"],
@@ -133,3 +151,13 @@ def test_the_drain_is_derived_from_the_task_time_when_unset(env):
     assert settings.drain_deadline_s == 55.0
     assert settings.shutdown_budget_s == 55.0 + config.COMMIT_GRACE_S + config.FORCED_RELEASE_S
     assert Settings.load(env | {"SQSINFER_DRAIN_DEADLINE_S": "80"}).drain_deadline_s == 80.0
+
+
+def test_the_shutdown_budget_counts_the_last_long_poll(env):
+    """A short drain ends before the long poll out at SIGTERM, which is let end: the
+    budget runs from the later of the two."""
+    short = Settings.load(env | {"SQSINFER_TASK_TIME_S": "1"})  # drain 11 s, wait 20 s
+    after = short.wait_time_s + config.LAST_RECEIVE_GRACE_S
+    assert short.shutdown_budget_s == after + config.COMMIT_GRACE_S + config.FORCED_RELEASE_S
+    quick = Settings.load(env | {"SQSINFER_TASK_TIME_S": "1", "SQSINFER_WAIT_TIME_S": "2"})
+    assert quick.shutdown_budget_s == 11.0 + config.COMMIT_GRACE_S + config.FORCED_RELEASE_S

@@ -49,11 +49,11 @@ class SwappingHandler:
         _swap()
         self._record(pathlib.Path(model_path).read_bytes())
 
-    def load_bytes(self, data: bytes, threads: int) -> None:
+    def load_bytes(self, data: bytearray, threads: int) -> None:
         _swap()
         self._record(data)
 
-    def _record(self, data: bytes) -> None:
+    def _record(self, data: bytes | bytearray) -> None:
         SwappingHandler.loaded_sha256 = hashlib.sha256(data).hexdigest()
 
     def sample_input(self) -> np.ndarray:

@@ -6,16 +6,18 @@ import asyncio
 import json
 
 import numpy as np
+import pytest
 from aiohttp import web
 
 from proving.faults import FaultPlan, FaultProxy
 from sqsinfer.aws.s3 import Storage
 from sqsinfer.aws.session import open_clients
 from sqsinfer.aws.sqs import BatchSender, Sender
-from sqsinfer.lab import synthetic
+from sqsinfer.lab import standin, synthetic
 from sqsinfer.messages import S3Uri, Task
 from sqsinfer.metrics import Metrics
-from sqsinfer.worker.chain import SEND_ATTEMPTS, Delivery, Linker
+from sqsinfer.worker.chain import SEND_ATTEMPTS, Delivery, Linker, LinkNotSent
+from sqsinfer.worker.pipeline import Step
 from tests.conftest import Stage, eventually, fault_proxy, outcome_count, running, sample
 from tests.worker.test_lifecycle import Poacher
 
@@ -110,11 +112,13 @@ async def test_one_task_delivered_to_two_workers_at_once(stage: Stage, make_sett
     """Both compute; one output wins, the other is a duplicate; one downstream message."""
     uri = _input(stage, "slow.npy", first_cell=1.0)  # each prediction takes a second
     body = {"task_id": "twice", "input": uri}
-    stage.send(body)
-    stage.send(body)
     settings = _scripted(make_settings, stage, prefetch=1, chain_settle_s=1, retry_base_s=1)
     async with running(settings) as first, running(settings) as second:
         workers = (first, second)
+        # Sent once both poll: one slot each, so each takes one (sent before the second
+        # was ready, both could go to the first, the second waiting for the first).
+        stage.send(body)
+        stage.send(body)
 
         def total(outcome: str) -> int:
             return sum(outcome_count(w, outcome) for w in workers)
@@ -153,7 +157,10 @@ async def test_a_marker_write_failing_past_the_sdk_retries_adds_no_downstream_me
 async def test_a_send_whose_record_is_given_up_is_counted_when_taken_over(
     stage: Stage, make_settings
 ):
-    """Sent, but the marker could not say so: the next delivery sends again, and counts it."""
+    """Sent, but the marker could not say so: the next delivery sends again, and counts it.
+
+    Both deliveries are this worker's: the first ended (retried), so its intent is known
+    to be dead and is taken over at once, though the settle is 600 s."""
     stage.send({"task_id": "m2", "input": _input(stage, "a.npy")})
     plan = FaultPlan(marker_failures=1.0, marker_updates_only=True, marker_burst=10_000)
     async with fault_proxy(stage, plan) as proxy:
@@ -183,20 +190,107 @@ async def test_a_lost_send_answer_is_counted_as_a_possible_duplicate(stage: Stag
     assert _counted(worker) == (0, 1)
 
 
-async def test_a_delivery_whose_own_message_wrote_the_output_links_at_once(
+def _resets(stage: Stage, count: int) -> FaultPlan:
+    """The next stage's sends reset (RST) after SQS took them, `count` times."""
+    next_queue = stage.next_url.rsplit("/", 1)[1]
+    return FaultPlan(send_reset=1.0, send_reset_queue=next_queue, limits={"sqs:send_reset": count})
+
+
+async def test_a_reset_send_answer_is_counted_as_a_possible_duplicate(stage: Stage, make_settings):
+    """The connection is reset after SQS took the message: the SDK names it as it names a
+    refused connect, yet it may have gone out, so the retry's second message is counted."""
+    stage.send({"task_id": "r1", "input": _input(stage, "a.npy")})
+    async with fault_proxy(stage, _resets(stage, 1)) as proxy:
+        settings = _scripted(make_settings, stage, endpoint_url=proxy.url)
+        async with running(settings) as worker:
+            await eventually(lambda: outcome_count(worker, "committed") == 1)
+    assert proxy.counts["sqs:send_reset"] == 1
+    sent = _next_inputs(stage)
+    assert sent == [f"s3://{stage.bucket}/out/r1.npy"] * 2
+    certain, possible = _counted(worker)
+    assert (certain, possible) == (0, 1)
+    assert certain <= len(sent) - 1 <= certain + possible
+    assert _marker(stage, "r1")["state"] == "sent"
+
+
+async def test_a_link_whose_every_send_was_reset_is_not_released(stage: Stage, make_settings):
+    """Every attempt reset: each may have gone out, so the intent stays, and the next
+    delivery takes it over and counts that too. Five messages, five counted."""
+    stage.send({"task_id": "r4", "input": _input(stage, "a.npy")})
+    async with fault_proxy(stage, _resets(stage, SEND_ATTEMPTS)) as proxy:
+        settings = _scripted(make_settings, stage, endpoint_url=proxy.url, chain_settle_s=600)
+        async with running(settings) as worker:
+            await eventually(lambda: outcome_count(worker, "duplicate") == 1)
+    assert proxy.counts["sqs:send_reset"] == SEND_ATTEMPTS
+    sent = _next_inputs(stage)
+    assert sent == [f"s3://{stage.bucket}/out/r4.npy"] * (SEND_ATTEMPTS + 1)
+    certain, possible = _counted(worker)
+    assert (certain, possible) == (0, SEND_ATTEMPTS + 1)
+    assert certain <= len(sent) - 1 <= certain + possible
+    assert worker.metrics.outcomes == {"committed": 1, "duplicate": 1}
+    assert _marker(stage, "r4")["state"] == "sent"
+
+
+async def test_a_send_that_never_connected_hands_the_link_back_clean(stage: Stage):
+    """Nothing listens where the sends go: refused before a byte was written, not sent."""
+    task = Task(
+        "c", S3Uri(stage.bucket, "in/c.npy"), S3Uri(stage.bucket, "out/c.npy"), "npy", "npy"
+    )
+    metrics = Metrics()
+    nowhere = f"http://127.0.0.1:{standin.free_port()}"
+    async with (
+        open_clients("us-east-1", stage.endpoint) as clients,
+        open_clients("us-east-1", nowhere) as unreachable,
+    ):
+        sender = Sender(unreachable.sqs_single_attempt, stage.next_url)
+        linker = Linker(Storage(clients.s3), sender, metrics, settle_s=600)
+        delivery = Delivery("d-c", "m-c", "c")
+        claim = await linker.claim(delivery, task.output, lambda: None)
+        assert claim is not None
+        with pytest.raises(LinkNotSent, match="next stage send failed") as failed:
+            await linker.hand_on(delivery, task, claim)
+    assert failed.value.code == "chain_send_failed"
+    assert sample(metrics, "sqsinfer_chain_duplicates_total", kind="possible") == 0
+    assert _marker(stage, "c")["state"] == "released"
+    assert stage.drain_queue(stage.next_url) == []
+
+
+async def test_an_earlier_receive_of_the_same_message_still_linking_is_waited_for(
     stage: Stage, make_settings
 ):
+    """SQS hands a message out again while its earlier receive may still be working on it,
+    on another worker: the worker waits for that receive's link as for any other, and the
+    next stage gets one message."""
     uri = _input(stage, "a.npy")
-    message_id = stage.send({"task_id": "mine", "input": uri})
-    # An earlier receive of this very message wrote the output, claimed the link, then died.
-    _written(stage, "mine", message_id)
-    _intent(stage, "mine", message_id)
-    async with running(_scripted(make_settings, stage, chain_settle_s=600)) as worker:
-        await eventually(lambda: outcome_count(worker, "duplicate") == 1)
+    message_id = stage.send({"task_id": "live", "input": uri})
+    # The earlier receive, elsewhere: it wrote the output and claimed the link; its
+    # message's visibility lapses while it is still sending.
+    stage.sqs.receive_message(QueueUrl=stage.queue_url, VisibilityTimeout=2)
+    _written(stage, "live", message_id)
+    task = Task(
+        "live", S3Uri(stage.bucket, "in/a.npy"), S3Uri(stage.bucket, "out/live.npy"), "npy", "npy"
+    )
+    earlier = Delivery("elsewhere", message_id, "live")
+    elsewhere = Metrics()
+    async with open_clients("us-east-1", stage.endpoint) as clients:
+        sender = Sender(clients.sqs_single_attempt, stage.next_url)
+        linker = Linker(Storage(clients.s3), sender, elsewhere, settle_s=600)
+        claim = await linker.claim(earlier, task.output, lambda: None)
+        assert claim is not None
+        async with running(_scripted(make_settings, stage, chain_settle_s=600)) as worker:
+
+            def waiting_or_done() -> bool:
+                steps = [held.step for held in worker.held.values()]
+                return Step.LINK_WAIT in steps or outcome_count(worker, "duplicate") == 1
+
+            await eventually(waiting_or_done)  # the second receive reached the link
+            await linker.hand_on(earlier, task, claim)  # the earlier one sends after all
+            await eventually(lambda: outcome_count(worker, "duplicate") == 1)
     assert worker.metrics.outcomes == {"duplicate": 1}
-    assert _next_inputs(stage) == [f"s3://{stage.bucket}/out/mine.npy"]
-    assert _counted(worker) == (0, 1)  # the dead receive may have sent before it died
-    assert _marker(stage, "mine")["state"] == "sent"
+    assert _next_inputs(stage) == [f"s3://{stage.bucket}/out/live.npy"]
+    assert _counted(worker) == (0, 0)
+    assert sample(elsewhere, "sqsinfer_chain_duplicates_total", kind="certain") == 0
+    assert _marker(stage, "live")["delivery"] == "elsewhere"
 
 
 async def test_a_takeover_whose_answer_was_lost_still_counts_what_it_took_over(
@@ -208,11 +302,11 @@ async def test_a_takeover_whose_answer_was_lost_still_counts_what_it_took_over(
     uri = _input(stage, "a.npy")
     message_id = stage.send({"task_id": "lost", "input": uri})
     _written(stage, "lost", message_id)
-    _intent(stage, "lost", message_id)
+    _intent(stage, "lost", message_id)  # a receive elsewhere that died: taken after the settle
     # The first PutObject is the takeover (the output exists: nothing else is written first).
     plan = FaultPlan(drop=1.0, drop_operations=frozenset({"PutObject"}), limits={"s3:dropped": 1})
     async with fault_proxy(stage, plan) as proxy:
-        settings = _scripted(make_settings, stage, endpoint_url=proxy.url, chain_settle_s=600)
+        settings = _scripted(make_settings, stage, endpoint_url=proxy.url, chain_settle_s=1)
         async with running(settings) as worker:
             await eventually(lambda: outcome_count(worker, "duplicate") == 1)
     assert proxy.counts["s3:dropped"] == 1
@@ -223,14 +317,16 @@ async def test_a_takeover_whose_answer_was_lost_still_counts_what_it_took_over(
 
 async def test_waiting_for_another_deliverys_link_holds_the_message(stage: Stage, make_settings):
     """The settle wait happens in the worker: no receive spent, no other consumer sees it."""
-    _written(stage, "theirs", message_id="another-message")
-    _intent(stage, "theirs", message_id="another-message")
-    stage.send({"task_id": "theirs", "input": _input(stage, "a.npy")})
     settings = _scripted(
         make_settings, stage, chain_settle_s=5, visibility_timeout_s=2, heartbeat_s=0.5
     )
-    async with running(settings) as worker, Poacher(stage) as poacher:
-        await eventually(lambda: outcome_count(worker, "duplicate") == 1)
+    async with running(settings) as worker:
+        # Planted once the worker is up: a slow start must not use up the intent's settle.
+        _written(stage, "theirs", message_id="another-message")
+        _intent(stage, "theirs", message_id="another-message")
+        stage.send({"task_id": "theirs", "input": _input(stage, "a.npy")})
+        async with Poacher(stage) as poacher:
+            await eventually(lambda: outcome_count(worker, "duplicate") == 1)
     assert poacher.got == []
     assert worker.metrics.outcomes == {"duplicate": 1}
     assert sample(worker.metrics, "sqsinfer_visibility_extensions_total") >= 1

@@ -9,6 +9,7 @@ import pytest
 
 from sqsinfer.aws.sqs import DETAIL_ATTR, REASON_ATTR
 from sqsinfer.compute.errors import ModelLoadError
+from sqsinfer.compute.inference import file_sha256
 from sqsinfer.lab import synthetic
 from sqsinfer.worker.lifecycle import Worker
 from tests.conftest import Stage, eventually, outcome_count, running
@@ -54,15 +55,18 @@ def onnx_model(tmp_path_factory: pytest.TempPathFactory) -> str:
     return synthetic.onnx_linear_model(str(path), n_features=4, n_outputs=2, seed=7)
 
 
-@pytest.mark.parametrize("fmt", ["npy", "csv"])
+@pytest.mark.parametrize(("fmt", "pinned"), [("npy", False), ("csv", True)])
 async def test_an_onnx_model_serves_tasks_through_the_worker(
-    stage: Stage, make_settings, onnx_model: str, fmt: str
+    stage: Stage, make_settings, onnx_model: str, fmt: str, pinned: bool
 ) -> None:
     rows = synthetic.make_rows(6, 4, seed=11)
     stage.send(
         {"task_id": "lin", "input": stage.put_input(f"x.{fmt}", synthetic.encode_input(rows, fmt))}
     )
-    async with running(make_settings(handler="onnx", model_path=onnx_model)) as worker:
+    # Pinned, the model is loaded from the bytes whose hash was checked (`load_bytes`).
+    sha = file_sha256(onnx_model) if pinned else ""
+    settings = make_settings(handler="onnx", model_path=onnx_model, model_sha256=sha)
+    async with running(settings) as worker:
         await eventually(lambda: outcome_count(worker, "committed") == 1)
     got = synthetic.decode_output(stage.outputs()["out/lin.npy"], "npy")
     weights, bias = synthetic.onnx_linear_weights(4, 2, seed=7)

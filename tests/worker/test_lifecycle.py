@@ -186,3 +186,34 @@ async def test_livez_fails_when_a_lost_process_cannot_be_restarted(
             status, text = await livez()
     assert status == 503
     assert text.startswith("inference pool cannot be rebuilt: cannot load model")
+
+
+async def _watch_counts(stage: Stage, seconds: float) -> set[tuple[int, int]]:
+    """Every (visible, in flight) the queue showed over a while."""
+    seen = set()
+    deadline = asyncio.get_running_loop().time() + seconds
+    while asyncio.get_running_loop().time() < deadline:
+        seen.add(await asyncio.to_thread(stage.counts, stage.queue_url))
+        await asyncio.sleep(0.2)
+    return seen
+
+
+async def test_messages_released_at_shutdown_are_not_taken_back_by_its_own_long_poll(
+    stage: Stage, make_settings
+):
+    """Free slots at SIGTERM mean a long poll is open at SQS. Cut at this end, it would go
+    on there and take the messages the shutdown releases: hidden for a visibility
+    timeout, one receive spent. They are released only once it has ended."""
+    for i in range(3):
+        stage.send({"task_id": f"r{i}", "input": _input(stage, f"r{i}.npy", first_cell=3)})
+    wait_s = 3
+    settings = _scripted(make_settings, prefetch=8, wait_time_s=wait_s)  # 8 slots, 3 held
+    async with running(settings) as worker:
+        await eventually(lambda: len(worker.held) == 3 and worker.pool.slots[0].busy)
+        assert worker.room() >= worker.limit.receive_batch  # so a receive is out
+    assert worker.metrics.outcomes == {"committed": 1, "released": 2}
+    # Watched longer than a long poll lasts: they stay visible, nobody holds them.
+    assert await _watch_counts(stage, 2 * wait_s) == {(2, 0)}
+    released = stage.drain_queue(stage.queue_url)
+    # Received once by the worker, once just now: no receive in between.
+    assert [int(m["Attributes"]["ApproximateReceiveCount"]) for m in released] == [2, 2]

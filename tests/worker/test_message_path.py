@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from proving.faults import SDK_ATTEMPTS, FaultPlan
 from sqsinfer.aws.sqs import DETAIL_ATTR, REASON_ATTR
+from sqsinfer.lab import synthetic
+from sqsinfer.worker.pipeline import Step
 from tests.conftest import (
     MAX_RECEIVE_COUNT,
     Stage,
@@ -18,7 +21,7 @@ from tests.conftest import (
     running,
     sample,
 )
-from tests.handlers import KILL, PREDICTIONS_FILE_ENV
+from tests.handlers import EXIT, KILL, PANIC, PREDICTIONS_FILE_ENV
 from tests.worker.test_lifecycle import _input, _scripted
 
 
@@ -37,6 +40,30 @@ def _squat(stage: Stage, task_id: str, owner: str | None) -> None:
     metadata = {"task-id": owner} if owner else {}
     key = f"out/{task_id}.npy"
     stage.s3.put_object(Bucket=stage.bucket, Key=key, Body=b"squatted", Metadata=metadata)
+
+
+# -- item: every message ends in an outcome, whatever its task raised ------------------------
+
+
+@pytest.mark.parametrize(
+    ("instruction", "named"), [(PANIC, "NativePanic"), (EXIT, "SystemExit")], ids=["panic", "exit"]
+)
+async def test_a_task_that_raises_no_exception_is_retried_with_an_outcome(
+    stage: Stage, make_settings, instruction: float, named: str
+):
+    """A BaseException that is no Exception reaches the worker's task: a native panic
+    (pyo3's PanicException, from obstore in the worker itself, or here from a model) ends
+    the task as a transient failure; a handler's sys.exit() does not stop the worker."""
+    stage.send({"task_id": "odd", "input": _input(stage, "odd.npy", first_cell=instruction)})
+    async with running(_scripted(make_settings, retry_base_s=1)) as worker:
+        await eventually(lambda: stage.counts(stage.dlq_url)[0] == 1, timeout_s=60)
+        await eventually(lambda: outcome_count(worker, "rejected") == 1)
+        assert worker.pool.usable
+    [(_, reason, detail)] = _dead(stage)
+    assert reason == "retries_exhausted"
+    assert named in detail
+    assert worker.metrics.outcomes == {"retried": MAX_RECEIVE_COUNT - 1, "rejected": 1}
+    assert stage.counts(stage.queue_url) == (0, 0)
 
 
 # -- item: every message that ends in the DLQ carries a reason ------------------------------
@@ -180,3 +207,39 @@ async def test_the_same_task_twice_in_one_worker_is_computed_once(
     assert worker.metrics.outcomes == {"committed": 1, "duplicate": 1}
     assert len(calls.read_text().splitlines()) == 1
     assert stage.counts(stage.queue_url) == (0, 0)
+
+
+async def test_a_message_waiting_for_its_output_gives_its_slot_to_another(
+    stage: Stage, make_settings, tmp_path
+):
+    """The second message for an output being computed waits without a slot, so another
+    message is received meanwhile; when the first fails, the waiter computes, holding a
+    slot again, and the count of slots held comes back to zero."""
+
+    def zeros(name: str) -> str:  # passes the gate at once
+        return stage.put_input(name, synthetic.encode_input(np.zeros((2, 3), np.float32), "npy"))
+
+    model = tmp_path / "model.bin"
+    model.write_bytes(b"any")
+    gate = tmp_path / "model.bin.go"
+    settings = make_settings(
+        handler="tests.worker.gates:GatedHandler",
+        model_path=str(model),
+        prefetch=2,  # one process: two slots
+        retry_base_s=60,  # the failed first message stays away
+    )
+    async with running(settings) as worker:
+        stage.send({"task_id": "same", "input": _input(stage, "gated.npy", first_cell=1)})
+        await eventually(lambda: worker.pool.slots[0].busy)  # held at the gate
+        stage.send({"task_id": "same", "input": zeros("zeros.npy")})
+        await eventually(lambda: Step.WAITING_OUTPUT in [h.step for h in worker.held.values()])
+        assert worker.working() == 1
+        stage.send({"task_id": "other", "input": zeros("other.npy")})
+        await eventually(lambda: len(worker.held) == 3, timeout_s=15)  # received meanwhile
+        assert worker.pool.slots[0].busy  # and the first still computing
+        gate.write_text("fail")
+        await eventually(lambda: sum(worker.metrics.outcomes.values()) == 3)
+        assert worker.metrics.outcomes == {"retried": 1, "committed": 2}
+        assert worker.working() == 0
+        assert sample(worker.metrics, "sqsinfer_in_flight") == 0
+    assert sorted(stage.outputs()) == ["out/other.npy", "out/same.npy"]

@@ -99,3 +99,20 @@ async def test_server_errors_are_retried_as_often_as_the_sdk_does(stage: Stage):
         async for storage in _storage(proxy.url, Metrics()):
             with pytest.raises(Exception, match="500"):
                 await storage.commit(S3Uri(stage.bucket, "out/d.npy"), b"x", META, "a/b")
+
+
+async def test_a_put_whose_connection_was_reset_is_tried_again_and_finds_its_own_write(
+    stage: Stage,
+):
+    """object_store does not retry a conditional PUT that failed in flight; this path does,
+    and the retry's 412 tells the caller the object is there (its own, by the metadata)."""
+    plan = FaultPlan(reset=1.0, reset_operations=frozenset({"PutObject"}), limits={"s3:reset": 1})
+    out = S3Uri(stage.bucket, "out/r.npy")
+    async with fault_proxy(stage, plan) as proxy:
+        async for storage in _storage(proxy.url, Metrics()):
+            assert await storage.commit(out, b"result", META, CONTENT_TYPE) is None
+            found = await storage.head(out)
+    assert proxy.counts == {"s3:reset": 1}
+    assert proxy.seen["PutObject"] == 2
+    assert found is not None and found.metadata == META
+    assert stage.s3.get_object(Bucket=stage.bucket, Key=out.key)["Body"].read() == b"result"

@@ -3,16 +3,19 @@ extension under way never undoes a message's hand-back."""
 
 from __future__ import annotations
 
+import contextvars
 import time
 
 import numpy as np
+from aiohttp import web
 
-from proving.faults import FaultPlan, FaultProxy
+from proving.faults import FaultPlan, FaultProxy, Operation
 from sqsinfer.lab import synthetic
-from tests.conftest import Stage, eventually, outcome_count, running
+from tests.conftest import Stage, eventually, outcome_count, running, sample
 from tests.worker.test_lifecycle import Poacher
 
 DELAYED = "sqs:visibility_delayed"
+EXTENDED = "sqsinfer_visibility_extensions_total"
 
 
 def _input(stage: Stage, name: str, first_cell: float = 0.0) -> str:
@@ -83,3 +86,60 @@ async def test_an_extension_under_way_cannot_undo_a_retry_delay(
     finally:
         await proxy.stop()
     assert worker.metrics.outcomes == {"retried": 1}
+
+
+_HELD = contextvars.ContextVar("held", default=False)
+
+
+class _TellsWhenHeldCallLands(FaultProxy):
+    """The fault proxy, noting when a visibility call it held back has reached the
+    stand-in and been answered there (whoever still waits for its answer)."""
+
+    landed = False
+
+    async def _hold(self, op: Operation) -> None:
+        before = self.counts[DELAYED]
+        await super()._hold(op)
+        _HELD.set(self.counts[DELAYED] > before)
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        response = await super()._handle(request)
+        if _HELD.get():
+            self.landed = True
+        return response
+
+
+async def test_an_extension_given_up_on_cannot_undo_a_release(
+    stage: Stage, make_settings, tmp_path
+):
+    # The keeper's first extension is held 6 s by the proxy, and given up on after 2 s
+    # (half the time left); its retry extends the message. Then the worker stops, and
+    # the drain deadline releases the message (visibility 0). The given-up call still
+    # lands, later: landing after the release, it would hide the message for 12 s more.
+    model = tmp_path / "model.bin"
+    model.write_bytes(b"any")
+    plan = FaultPlan(visibility_delay_s=6.0, visibility_delay_rate=1.0, visibility_delay_calls=1)
+    proxy = _TellsWhenHeldCallLands(stage.endpoint, plan)
+    await proxy.start()
+    stage.send({"task_id": "gated", "input": _input(stage, "gated.npy")})
+    settings = make_settings(
+        handler="tests.worker.gates:GatedHandler",  # computes until the test ends
+        model_path=str(model),
+        endpoint_url=proxy.url,
+        visibility_timeout_s=12,
+        heartbeat_s=4,
+        task_time_s=0.5,
+        drain_deadline_s=0.5,
+    )
+    try:
+        async with running(settings) as worker:
+            # Extended by the retry: the held call was given up on, and is still held.
+            await eventually(lambda: sample(worker.metrics, EXTENDED) >= 1, timeout_s=30)
+            assert proxy.counts[DELAYED] == 1 and not proxy.landed
+        assert worker.metrics.outcomes == {"released": 1}
+        await eventually(lambda: proxy.landed, timeout_s=15)
+        # No consumer is left: the released message stays visible, the late call landed
+        # before the release did.
+        await eventually(lambda: stage.counts(stage.queue_url) == (1, 0), timeout_s=6)
+    finally:
+        await proxy.stop()

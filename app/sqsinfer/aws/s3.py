@@ -47,7 +47,9 @@ _CONFLICT_RETRIES = 5
 _CONFLICT_STATUS = "409 Conflict"  # how object_store's message names S3's 409
 _PUT_BACKOFF = Backoff(base_s=0.1, max_s=2.0)
 # In object_store's message once it retried a call itself (5xx, throttling): not again.
-_SPENT_RETRIES = "max_retries"
+# ("after 3 retries, max_retries: 3"; the debug dump obstore appends names max_retries
+# even when it made no retry, as for a connection reset in flight.)
+_SPENT_RETRIES = " retries, max_retries: "
 # What a GET whose body broke off half-way raises (the SDK's, or obstore's).
 _BROKEN_BODY = (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, OSError, GenericError)
 # Request timeouts as the SDK client's: connect 5 s; a whole call (obstore times whole
@@ -59,7 +61,9 @@ _CALL_TIMEOUT = "300s"
 @dataclass(frozen=True)
 class ObjectInfo:
     metadata: dict[str, str]
-    age_s: float  # by the server's own clock: its Date header minus Last-Modified
+    # By the server's own clock: its Date header minus Last-Modified (without a Date
+    # header, the worker's clock stands in: docs/running.md, the chain link).
+    age_s: float
     etag: str = ""  # what a compare-and-swap write (`put_if_match`) names
 
 

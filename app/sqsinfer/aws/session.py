@@ -7,16 +7,17 @@ region, endpoint and CA bundle the same for each, with the worker's settings fir
 from __future__ import annotations
 
 import contextlib
+import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import aioboto3
+import aiohttp
 from aiobotocore.config import AioConfig
 from aiobotocore.session import AioSession
-from botocore.exceptions import ClientError
-from botocore.exceptions import ConnectionError as NotConnected
+from botocore.exceptions import BotoCoreError, ClientError
 
 from sqsinfer.aws import endpoints
 from sqsinfer.aws.endpoints import AwsTarget, BucketRoute
@@ -43,15 +44,35 @@ def http_status(exc: BaseException) -> int:
     return 0
 
 
+# What aiohttp raises only while it gets a connection, before a byte of the request is
+# written: a refused or failed connect, DNS, the TLS handshake, a proxy's CONNECT (all
+# ClientConnectorError), and its connect timeout (which covers waiting for the pool too;
+# aiohttp 3.9 has no class of its own for it, and its timeouts all read as maybe sent).
+_BEFORE_THE_REQUEST = (
+    aiohttp.ClientConnectorError,
+    socket.gaierror,
+    getattr(aiohttp, "ConnectionTimeoutError", aiohttp.ClientConnectorError),
+)
+
+
 def may_have_taken_effect(exc: BaseException) -> bool:
     """Whether a failed request may still have been carried out by the service.
 
-    No: the service answered with a refusal (4xx, throttling included), or no connection
-    was made. Yes: a 5xx, a timeout or a connection closed while waiting for the answer.
+    No: the service answered with a refusal (4xx, throttling included), or the request
+    never left (no connection was made). Yes: a 5xx, a timeout, and every connection
+    error after the request may have been written (a reset, a close), however it is named.
+
+    The SDK's error type does not tell: aiobotocore raises `EndpointConnectionError` for
+    every aiohttp `ClientConnectionError`, a connection reset while waiting for the answer
+    (`ClientOSError`, ECONNRESET) as much as a refused connect, and `ConnectTimeoutError`
+    for any aiohttp timeout whose text starts with "connect". So the error aiohttp raised,
+    which the SDK's keeps (`kwargs["error"]`), decides. One attempt only: through a client
+    that retries, an earlier attempt may have gone out before the last one failed.
     """
     if isinstance(exc, ClientError):
         return http_status(exc) >= 500 or http_status(exc) == 0
-    return not isinstance(exc, NotConnected)
+    cause = exc.kwargs.get("error") if isinstance(exc, BotoCoreError) else exc
+    return not isinstance(cause, _BEFORE_THE_REQUEST)
 
 
 @dataclass

@@ -12,8 +12,14 @@ Two kinds of visibility change meet here, and their order matters. The keeper's
 the order they arrive, so an extension that lands after a release hides the message
 for a whole timeout again. Hence: a settle marks its message settled at once (no new
 extension includes it from then on), and a visibility settle waits for any extension
-of the message already in flight before it is sent, so the settle always lands last.
-A delete needs no wait: an extension of a deleted message changes nothing.
+of the message still in flight before it is sent, so the settle lands last. An
+extension the keeper gave up on (it did not answer in time) is not cancelled: a request
+cut at this end may still reach SQS, late, so it stays in flight until it ends (its
+answer, or the client's own timeouts), and settles wait for it too. Only at shutdown
+(`hurry`) do settles stop waiting. Sending a settle again after a late extension was
+ruled out: by then the message may have been received anew, and a stand-in that honours
+a stale receipt handle (moto does) would cut the new receive's hold short. A delete
+needs no wait: an extension of a deleted message changes nothing.
 """
 
 from __future__ import annotations
@@ -241,9 +247,11 @@ class SqsQueue:
         self.url = url
         self._deletes = Batcher("delete", self._delete_batch, destination=url)
         self._visibility = Batcher("visibility", self._visibility_batch, destination=url)
-        # Extension calls in flight, by message: a visibility settle waits for them.
+        # Extension calls in flight, by message (given up on or not): a visibility settle
+        # waits for them.
         self._extending: dict[Message, set[asyncio.Task[dict[str, Any]]]] = {}
         self._deferred: set[asyncio.Task[bool]] = set()
+        self._hurry = asyncio.Event()  # set at shutdown: settles wait for nothing more
 
     async def receive(self, max_messages: int, wait_s: int, visibility_s: int) -> list[Message]:
         response = await self.client.receive_message(
@@ -281,8 +289,18 @@ class SqsQueue:
     async def _after(
         self, calls: set[asyncio.Task[dict[str, Any]]], entry: dict[str, Any], message: Message
     ) -> bool:
-        await asyncio.wait(calls)
+        hurry = asyncio.get_running_loop().create_task(self._hurry.wait())
+        try:
+            while (pending := {c for c in calls if not c.done()}) and not hurry.done():
+                await asyncio.wait(pending | {hurry}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            hurry.cancel()
         return await self._visibility.submit(entry, message.trace)
+
+    def hurry(self) -> None:
+        """From now on settles wait for no extension in flight (shutdown: the time left
+        is for the settles themselves)."""
+        self._hurry.set()
 
     async def change_visibility_many(self, messages: list[Message], seconds: int) -> list[bool]:
         """One batch call per ten messages; returns, per message, whether it succeeded."""
@@ -296,8 +314,9 @@ class SqsQueue:
     ) -> dict[Message, Extension]:
         """Extend up to ten held messages in one call, given up after `timeout_s`.
 
-        Settled messages are left out. A call given up on is cancelled here, but may
-        still reach SQS late; only calls still in flight hold a settle back.
+        Settled messages are left out. A call given up on is not cancelled (cut here, the
+        request could still reach SQS, late): it stays in flight, and holds a settle of
+        its messages back, until it ends.
         """
         if len(messages) > SQS_BATCH_MAX:
             raise ValueError(f"at most {SQS_BATCH_MAX} messages per extension call")
@@ -312,16 +331,21 @@ class SqsQueue:
         call = asyncio.get_running_loop().create_task(self._traced_extension(entries, held))
         for message in held:
             self._extending.setdefault(message, set()).add(call)
+        call.add_done_callback(lambda done: self._forget(done, held))
+        await asyncio.wait({call}, timeout=timeout_s)
+        if not call.done():
+            log.debug(Event.EXTENSION_CALL_FAILED, extra={"error": "no answer in time"})
+            return results | {m: Extension.RETRY for m in held}
         try:
-            response = await asyncio.wait_for(call, timeout_s)
-        except Exception as exc:  # a timeout too: then the call was cancelled
+            response = call.result()
+        except Exception as exc:
             log.debug(Event.EXTENSION_CALL_FAILED, extra={"error": repr(exc)})
             return results | {m: Extension.RETRY for m in held}
-        finally:
-            self._forget(call, held)
         return results | _extension_results(held, response)
 
     def _forget(self, call: asyncio.Task[dict[str, Any]], messages: Iterable[Message]) -> None:
+        if not call.cancelled():
+            call.exception()  # retrieved: a call given up on may fail with nobody awaiting it
         for message in messages:
             calls = self._extending.get(message)
             if calls is not None:
@@ -330,6 +354,7 @@ class SqsQueue:
                     del self._extending[message]
 
     async def drain(self) -> None:
+        self.hurry()
         while self._deferred:
             await asyncio.gather(*list(self._deferred), return_exceptions=True)
         await asyncio.gather(self._deletes.drain(), self._visibility.drain())

@@ -102,9 +102,12 @@ def _load_pinned(handler: Handler, model_path: str, threads: int, expected_sha25
     bytes, so a file swapped after the check is never loaded. A handler with only
     `load(path)` reads the file again after the check: a swap in between goes unseen,
     and such a handler's pin guards against a wrong file, not a racing writer.
+
+    The bytes are read into a bytearray, which `load_bytes` may hand to a library in
+    place: XGBoost parses it where it lies, so a pinned model costs its size once at
+    start, not twice (read, then copied for the library).
     """
-    with open(model_path, "rb") as fh:
-        data = fh.read()
+    data = read_whole(model_path)
     actual = hashlib.sha256(data).hexdigest()
     if actual != expected_sha256:
         raise ModelLoadError(f"model {model_path} has sha256 {actual}, expected {expected_sha256}")
@@ -113,6 +116,23 @@ def _load_pinned(handler: Handler, model_path: str, threads: int, expected_sha25
         load_bytes(data, threads)
     else:
         handler.load(model_path, threads)
+
+
+def read_whole(path: str) -> bytearray:
+    """The file's bytes, read straight into one buffer of its size (no second copy). A
+    file that grows meanwhile is read to the size it had; one that shrinks, to its end."""
+    with open(path, "rb", buffering=0) as fh:
+        size = os.fstat(fh.fileno()).st_size
+        data = bytearray(size)
+        with memoryview(data) as view:
+            got = 0
+            while got < size:
+                n = fh.readinto(view[got:])
+                if not n:
+                    break
+                got += n
+    del data[got:]
+    return data
 
 
 def start_process(
@@ -257,13 +277,17 @@ def run_task(
     whole = shm.buf
     assert whole is not None
     buf = whole[:size]
-    failure: Exception | None = None
+    failure: BaseException | None = None
     try:
         result = _compute(buf, input_format, output_format, options)
     except InputError as exc:
         failure = InputError(exc.reason, exc.detail)
-    except Exception as exc:  # a handler bug: report it without its frames
+    except (Exception, SystemExit, KeyboardInterrupt) as exc:  # a handler bug, without its frames
+        # A handler's sys.exit() or a stray KeyboardInterrupt, raised again in the worker,
+        # would stop its event loop and every message it holds: here it is one failed task.
         failure = RuntimeError(f"{type(exc).__name__}: {exc}")
+    except BaseException as exc:  # a native extension's panic: the worker retries the task
+        failure = exc.with_traceback(None)
     try:
         buf.release()
         whole.release()

@@ -15,9 +15,12 @@ so it knows when an answer was lost (the message may have gone out). Sends of se
 links share SendMessageBatch calls (`queue.BatchSender`): an entry the answer lists as
 failed was not sent; a call whose answer was lost may have sent every entry in it, and
 each entry's link counts its own possible duplicate, as a single send's would. A takeover happens
-when the owner's intent is older than `chain_settle_s`, or at once when the owner was an
-earlier receive of this same message (whose visibility lapsed, so it is not working on
-it any more). What can still put a second message on the next stage is counted in
+when the owner's intent is older than `chain_settle_s`, or at once when the owner is a
+delivery of this worker that has ended (finished, failed, cancelled or expired, its send
+no longer under way): only then is it known to be dead. An earlier receive of the same
+message is no such proof: SQS delivers a message again while the first receive may still
+be working on it (its visibility lapsed, or a second copy), possibly on another worker.
+What can still put a second message on the next stage is counted in
 `sqsinfer_chain_duplicates_total` and logged with the task id:
 - possible: each send attempt whose answer was lost (it may have gone out, and the link
   is sent again); a link taken over from an owner that may have sent before it died;
@@ -31,6 +34,7 @@ A marker without a `chain-state` (written before these steps existed) reads as s
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
 import uuid
@@ -64,6 +68,11 @@ _RECHECK = Backoff(base_s=0.1, max_s=2.0)
 # Conditional writes of the marker that may lose to others before the link is given up
 # (each loss means another delivery moved it on: this many only under a storm).
 _MAX_LOST_WRITES = 10
+# Deliveries of this worker that ended while owning an unsent link, remembered so that a
+# later delivery of the same output takes their intent over at once. Only those count
+# (a delivery whose link was sent leaves nothing to take over), so few are ever kept;
+# one forgotten only costs a wait of `chain_settle_s`.
+ENDED_KEPT = 10_000
 
 
 class LinkState(StrEnum):
@@ -112,12 +121,50 @@ class Claim:
     inherited_doubt: bool  # taken over from an owner that may have sent
 
 
+class EndedDeliveries:
+    """This worker's deliveries that ended owning a link they had not recorded as sent.
+
+    Bounded (the oldest are forgotten first). A delivery is added only once nothing of it
+    runs any more, its send included, so an intent it left is known to be dead.
+    """
+
+    def __init__(self, kept: int = ENDED_KEPT) -> None:
+        self._order: collections.deque[str] = collections.deque()
+        self._ids: set[str] = set()
+        self._kept = kept
+
+    def add(self, delivery_id: str) -> None:
+        if delivery_id in self._ids:
+            return
+        self._order.append(delivery_id)
+        self._ids.add(delivery_id)
+        while len(self._order) > self._kept:
+            self._ids.discard(self._order.popleft())
+
+    def __contains__(self, delivery_id: object) -> bool:
+        return delivery_id in self._ids
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+
 @dataclass
 class Linker:
     storage: Storage
     sender: Sender  # its client must not retry: each lost answer must be seen here
     metrics: Metrics
     settle_s: float
+    # Deliveries of this worker holding a claim not yet recorded as sent, and those that
+    # ended holding one (`ended`): the intents it may take over without waiting.
+    _owning: set[str] = field(default_factory=set, init=False, repr=False)
+    dead: EndedDeliveries = field(default_factory=EndedDeliveries, init=False, repr=False)
+
+    def ended(self, delivery_id: str) -> None:
+        """Note that a delivery of this worker has ended, nothing of it still running (a
+        send under way included). An intent it left can be taken over at once."""
+        if delivery_id in self._owning:
+            self._owning.discard(delivery_id)
+            self.dead.add(delivery_id)
 
     async def claim(
         self, delivery: Delivery, output: S3Uri, on_waiting: Callable[[], None]
@@ -137,11 +184,14 @@ class Linker:
         Do not cancel it half-way: a send without its record costs a possible duplicate.
         """
         await self._send_and_record(marker_uri(task.output), delivery, task, claim)
+        self._owning.discard(delivery.delivery_id)  # sent and recorded: nothing to take over
 
     # -- owning the link --------------------------------------------------------------
     async def _claim(
         self, uri: S3Uri, delivery: Delivery, on_waiting: Callable[[], None]
     ) -> Claim | None:
+        # Owning from the first write on: a write whose answer is lost may have landed.
+        self._owning.add(delivery.delivery_id)
         marker = await self._read(uri)
         checks = lost = 0
         taking: Marker | None = None  # the intent this delivery last tried to take over
@@ -158,7 +208,7 @@ class Linker:
                 if taking is not None:
                     return self._took_over(taking, delivery, marker.etag)
                 return Claim(marker.etag, inherited_doubt=False)
-            elif self._may_take(marker, delivery):
+            elif self._may_take(marker):
                 taking = marker
                 etag = await self._write(uri, delivery, LinkState.SENDING, etag=marker.etag)
                 if etag is not None:
@@ -172,11 +222,13 @@ class Linker:
             marker = await self._read(uri)
         raise LinkNotSent("chain_contended", f"{uri} kept changing under this delivery")
 
-    def _may_take(self, marker: Marker, delivery: Delivery) -> bool:
+    def _may_take(self, marker: Marker) -> bool:
         if marker.state == LinkState.RELEASED:
             return True
-        # An earlier receive of this same message lost its visibility: it is not linking.
-        return marker.message_id == delivery.message_id or marker.age_s >= self.settle_s
+        # Its owner is known to be dead only when it was a delivery of this worker that
+        # ended. Any other owner, an earlier receive of this very message included, may
+        # still be sending (SQS delivers concurrently too): wait for it as for any other.
+        return marker.delivery in self.dead or marker.age_s >= self.settle_s
 
     def _took_over(self, marker: Marker, delivery: Delivery, etag: str) -> Claim:
         doubt = marker.state == LinkState.SENDING

@@ -2,7 +2,8 @@
 
 Liveness means "the worker is making progress and its pool is usable", not "the
 process exists": a restart is the right answer only to the first being false.
-Readiness means "warmed up, not draining, and the last receive worked".
+Readiness means "warmed up, not draining, an inference process able to run (or one
+restarting), and the last receive worked".
 """
 
 from __future__ import annotations

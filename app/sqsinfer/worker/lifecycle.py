@@ -11,6 +11,17 @@
   whose work has not started; let started tasks finish until the drain deadline; then
   cancel the rest (their messages are released); close the pool. A second signal skips
   the wait. Signal handlers only set flags.
+
+A long poll pending when shutdown begins is not abandoned: closing the connection does
+not end it at SQS, which goes on handing it messages, the ones this shutdown releases
+included (each then hidden for a visibility timeout, one receive spent). Every release
+(visibility 0) waits until the worker's pending receive has ended, and shutdown releases
+what that receive brought; it ends within `wait_time_s`, which the shutdown budget
+counts. A second signal abandons it.
+
+When no inference process can start (every slot lost and its restart refused), the
+worker stops receiving, releases the messages still waiting for a process, and fails
+/readyz at once; it receives again once a process is back.
 """
 
 from __future__ import annotations
@@ -36,7 +47,7 @@ from sqsinfer.runtime import STOP_SIGNALS, EarlySignals
 from sqsinfer.worker import assemble
 from sqsinfer.worker.health import HealthServer
 from sqsinfer.worker.inflight import InFlightLimit
-from sqsinfer.worker.pipeline import FINISHING_STEPS, Held, Pipeline
+from sqsinfer.worker.pipeline import FINISHING_STEPS, Held, Pipeline, Step
 from sqsinfer.worker.pool import InferencePool, PoolConfig
 from sqsinfer.worker.preflight import Preflight, StartupError, StoppedWhileStarting
 from sqsinfer.worker.visibility import VisibilityKeeper
@@ -81,12 +92,19 @@ class Worker:
         self.limit = InFlightLimit.from_settings(settings)
         self.metrics.in_flight_limit.set(self.limit.value)
         self.metrics.child_rss.pids = self.pool.pids
+        self.pool.on_change = self._pool_changed
+        self.paused = False  # receiving stopped: no inference process can start
         self._wake = asyncio.Event()
         self._exit_requested = asyncio.Event()
+        self._forced = asyncio.Event()
         self._background: list[asyncio.Task[Any]] = []
         self._shutdown_at: float | None = None
         # OpenTelemetry's variables (OTEL_*) decide; `tracing.OFF` without the otel extra.
         self.tracer = tracing.from_env(service_instance=settings.worker_id, component="worker")
+        # The long poll the main loop has out (None once its answer was taken), and when
+        # it was sent.
+        self._receiving: asyncio.Task[list[Message]] | None = None
+        self._receive_sent_at = 0.0
 
     # -- the plan -------------------------------------------------------------------
     async def serve(self) -> None:
@@ -114,6 +132,7 @@ class Worker:
         """Ask the worker to stop; asking again forces it (no wait for the drain)."""
         if self.should_exit:
             self.force_exit = True
+            self._forced.set()
         self.should_exit = True
         self._exit_requested.set()
         self._wake.set()
@@ -153,6 +172,7 @@ class Worker:
             extra={"processes": s.processes, "startup_s": round(self.pool.startup_s, 3)},
         )
         pipeline = assemble.pipeline(s, clients, found, self.pool, self.metrics)
+        pipeline.receive_ended = self._receive_ended
         self.keeper = assemble.keeper(s, pipeline.queue, self.metrics, self._expire)
         self._background.append(asyncio.create_task(self.keeper.run(), name="visibility"))
         return pipeline
@@ -171,6 +191,11 @@ class Worker:
         failures = 0
         while not self.should_exit:
             self.last_progress = time.monotonic()
+            if self.pool.stalled:  # nothing received could be computed: leave it to others
+                self._pause()
+                await self._wait_for_wake(_IDLE_TICK_S)
+                continue
+            self._resume()
             room = self.room()
             if room < self.limit.receive_batch:
                 await self._wait_for_wake(_IDLE_TICK_S)
@@ -185,20 +210,21 @@ class Worker:
                 self._start(pipeline, message)
 
     async def _receive(self, queue: SqsQueue, capacity: int) -> list[Message] | None:
-        """One long poll, abandoned at once when shutdown begins. None on failure."""
+        """One long poll, left to shutdown when it begins meanwhile. None on failure."""
         s = self.settings
         started = time.perf_counter()
         receive = asyncio.create_task(
             queue.receive(capacity, s.wait_time_s, s.visibility_timeout_s)
         )
+        self._receiving, self._receive_sent_at = receive, time.monotonic()
         stop = asyncio.create_task(self._exit_requested.wait())
         await asyncio.wait({receive, stop}, return_when=asyncio.FIRST_COMPLETED)
         stop.cancel()
-        if not receive.done():
-            # Messages SQS handed out in the abandoned answer come back after their
-            # visibility timeout: delayed, not lost.
-            receive.cancel()
+        if self.should_exit:
+            # Not cancelled: the poll would stay open at SQS all the same. Shutdown waits
+            # for it and releases what it brings (`_end_last_receive`).
             return []
+        self._receiving = None
         try:
             messages = receive.result()
         except (TimeoutError, ClientError, BotoCoreError, OSError) as exc:
@@ -222,14 +248,23 @@ class Worker:
         cap = HELD_CAP_FACTOR * self.limit.value
         return max(0, min(self.limit.value - self.working(), cap - len(self.held)))
 
+    async def _receive_ended(self) -> None:
+        """Return once the long poll pending now (if any) has ended (`Pipeline.receive_ended`)."""
+        receiving = self._receiving
+        if receiving is not None and not receiving.done():
+            await asyncio.wait({receiving})
+
     def _start(self, pipeline: Pipeline, message: Message) -> None:
-        held = Held(message, on_release=self._released)
+        held = Held(message, on_release=self._released, on_take=self._taken)
         task = asyncio.create_task(pipeline.handle(held), name=f"message-{message.message_id}")
         self.held[task] = held
         assert self.keeper is not None  # made by startup
         self.keeper.add(message)
         self.metrics.in_flight.set(self.working())
         task.add_done_callback(self._finished)
+
+    def _taken(self, held: Held) -> None:
+        self.metrics.in_flight.set(self.working())
 
     def _released(self, held: Held) -> None:
         """A message gave its slot back: refill it, and learn from its times."""
@@ -263,9 +298,50 @@ class Worker:
 
     def _expire(self, message: Message) -> None:
         for task, held in self.held.items():
-            if held.message is message:
+            if held.message is message and not held.releasing:  # (being handed back)
                 held.expired = True
                 task.cancel()
+
+    def _release(self, tasks: list[asyncio.Task[Outcome]]) -> None:
+        """Cancel these tasks so that their messages are handed back (visibility 0)."""
+        loop = asyncio.get_running_loop()
+        for task in tasks:
+            self.held[task].releasing = True
+            # After the task's first step, never before: a task cancelled before it ran
+            # would end without reaching the code that hands its message back.
+            loop.call_soon(task.cancel)
+
+    def _waiting_for_process(self) -> list[asyncio.Task[Outcome]]:
+        """Held messages whose work has not started, but for a link being waited on (it
+        needs no process)."""
+        return [
+            task
+            for task, held in self.held.items()
+            if not held.started and not held.releasing and held.step != Step.LINK_WAIT
+        ]
+
+    def _pool_changed(self) -> None:
+        """The pool lost a process or got one back: act on a stall at once, whatever
+        the main loop is waiting on."""
+        if self.pool.stalled and self.ready and not self.draining:
+            self._pause()
+        self._wake.set()
+
+    def _pause(self) -> None:
+        """No process can start: hand back what waits for one (other pods take it)."""
+        waiting = self._waiting_for_process()
+        if not self.paused:
+            self.paused = True
+            log.warning(
+                Event.RECEIVING_PAUSED,
+                extra={"releasing": len(waiting), "error": self.pool.last_error},
+            )
+        self._release(waiting)
+
+    def _resume(self) -> None:
+        if self.paused:
+            self.paused = False
+            log.info(Event.RECEIVING_RESUMED, extra={"processes": self.pool.ready_count})
 
     async def _wait_for_wake(self, timeout_s: float) -> None:
         self._wake.clear()
@@ -278,7 +354,7 @@ class Worker:
         self.ready = False
         self.draining = True
         self.pool.stop_restarting()
-        unstarted = [t for t, h in self.held.items() if not h.started]
+        unstarted = [t for t, h in self.held.items() if not h.started and not h.releasing]
         log.info(
             Event.DRAINING,
             extra={
@@ -287,9 +363,8 @@ class Worker:
                 "deadline_s": self.settings.drain_deadline_s,
             },
         )
-        for task in unstarted:
-            task.cancel()
-        await self._drain()
+        self._release(unstarted)  # each waits for the pending receive before it goes
+        await asyncio.gather(self._drain(pipeline.queue), self._end_last_receive(pipeline))
         for task in self._background:
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
@@ -298,11 +373,18 @@ class Worker:
         await pipeline.queue.drain()
         log.info(Event.STOPPED, extra={"outcomes": dict(self.metrics.outcomes)})
 
-    async def _drain(self) -> None:
+    async def _drain(self, queue: SqsQueue) -> None:
         deadline = time.monotonic() + self.settings.drain_deadline_s
         while self.held and not self.force_exit and time.monotonic() < deadline:
             await self._wait_for_wake(min(_IDLE_TICK_S, deadline - time.monotonic()))
-        late = [t for t, h in self.held.items() if h.step not in FINISHING_STEPS or self.force_exit]
+        # A message already being handed back is never cancelled again: it would stay held.
+        late = [
+            t
+            for t, h in self.held.items()
+            if not h.releasing
+            and h.step != Step.RELEASING
+            and (h.step not in FINISHING_STEPS or self.force_exit)
+        ]
         if late:
             log.warning(
                 Event.DRAIN_DEADLINE_PASSED,
@@ -310,13 +392,18 @@ class Worker:
             )
         for task in late:
             task.cancel()
+        # Hand-backs wait for the pending receive (bounded by `_end_last_receive`); the
+        # grace below starts once they may go.
+        await self._receive_ended()
         # Commits, links and DLQ copies under way are short: let them land, not redo them.
         pending = list(self.held)
         if pending:
             limit = config.FORCED_RELEASE_S if self.force_exit else config.COMMIT_GRACE_S
             _, still = await asyncio.wait(pending, timeout=limit)
+            queue.hurry()  # hand-backs still waiting on a stalled extension go now
             for task in still:
-                task.cancel()
+                if self.held[task].step != Step.RELEASING:
+                    task.cancel()
             if still:
                 await asyncio.wait(still, timeout=config.FORCED_RELEASE_S)
 
@@ -330,6 +417,39 @@ class Worker:
             timeout_s = min(timeout_s, self.settings.shutdown_budget_s - spent_s)
         if timeout_s <= 0 or not await asyncio.to_thread(self.tracer.shutdown, timeout_s):
             log.warning(Event.TRACES_NOT_FLUSHED, extra={"timeout_s": round(timeout_s, 3)})
+
+    async def _end_last_receive(self, pipeline: Pipeline) -> None:
+        """Let the long poll pending at shutdown end (within its wait), then release what
+        it brought. A second signal, or an answer later than its wait allows, abandons it:
+        what SQS handed out then comes back when its visibility lapses."""
+        receiving = self._receiving
+        if receiving is None:
+            return
+        if not receiving.done():
+            wait_s = self.settings.wait_time_s + config.LAST_RECEIVE_GRACE_S
+            ends_at = self._receive_sent_at + wait_s
+            forced = asyncio.create_task(self._forced.wait())
+            await asyncio.wait(
+                {receiving, forced},
+                timeout=max(0.0, ends_at - time.monotonic()),
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+            forced.cancel()
+        if not receiving.done() or receiving.cancelled():
+            receiving.cancel()
+            await asyncio.gather(receiving, return_exceptions=True)
+            log.debug(Event.LAST_RECEIVE_ABANDONED, extra={"forced": self.force_exit})
+            return
+        try:
+            messages = receiving.result()
+        except Exception as exc:  # nothing was handed out, or nothing that can be named
+            log.warning(Event.RECEIVE_FAILED, extra={"error": str(exc)})
+            return
+        if messages:
+            log.info(Event.LAST_RECEIVE_RELEASED, extra={"messages": len(messages)})
+            spent_s = time.monotonic() - self._receive_sent_at
+            self.tracer.received(pipeline.queue.url, spent_s, messages)
+            await asyncio.gather(*(pipeline.release(Held(m)) for m in messages))
 
     # -- health -----------------------------------------------------------------------
     def livez(self) -> tuple[bool, str]:
@@ -345,6 +465,8 @@ class Worker:
             return False, "draining"
         if not self.ready:
             return False, "starting"
+        if self.pool.stalled:
+            return False, f"no inference process can start: {self.pool.last_error}"
         if not self.last_receive_ok:
             return False, "last receive failed"
         return True, ""

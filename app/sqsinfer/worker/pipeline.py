@@ -53,6 +53,12 @@ OUTPUT_CONFLICT = "output_conflict"
 # A cancelled task waits this long for a step already under way whose effect cannot be
 # undone (a DLQ copy, a next-stage send): the message is then deleted, not released.
 _UNDER_WAY_WAIT_S = 3.0
+# What a task never treats as its own failure: a cancel, and what stops the process.
+NOT_TASK_FAILURES = (asyncio.CancelledError, KeyboardInterrupt, SystemExit, GeneratorExit)
+
+
+async def _no_receive_pending() -> None:
+    """The default `Pipeline.receive_ended`: no receive of its own to wait for."""
 
 
 class Step(StrEnum):
@@ -68,15 +74,19 @@ class Step(StrEnum):
     LINK_WAIT = "link_wait"  # for another delivery's chain link (released freely)
     LINKING = "linking"  # owns the chain link: sending the next stage's message
     REJECTING = "rejecting"  # copying the message to the DLQ
+    RELEASING = "releasing"  # cancelled: handing its message back (visibility 0)
     SETTLED = "settled"  # its outcome is decided and its message handed back or deleted
 
 
 # Steps after which shutdown lets a task finish instead of releasing its message.
 STARTED_STEPS = frozenset(
-    {Step.COMPUTING, Step.COMMITTING, Step.LINKING, Step.REJECTING, Step.SETTLED}
+    {Step.COMPUTING, Step.COMMITTING, Step.LINKING, Step.REJECTING, Step.RELEASING, Step.SETTLED}
 )
-# Steps short and worth landing even after the drain deadline (the commit grace).
-FINISHING_STEPS = frozenset({Step.COMMITTING, Step.LINKING, Step.REJECTING, Step.SETTLED})
+# Steps short and worth landing even after the drain deadline (the commit grace). A
+# message being handed back is one: cancelling it again would leave it held.
+FINISHING_STEPS = frozenset(
+    {Step.COMMITTING, Step.LINKING, Step.REJECTING, Step.RELEASING, Step.SETTLED}
+)
 
 
 @dataclass(eq=False)
@@ -94,9 +104,12 @@ class Held:
     wrote: bool = False  # this delivery's conditional put of the output stood
     # A step whose effect outlives a cancel, and the outcome the message has once it is done.
     under_way: tuple[asyncio.Future[Any], Outcome] | None = None
-    # The worker's: told once the message gives its slot back (`release_slot`).
+    # The worker's: told once the message gives its slot back (`release_slot`), and when
+    # it takes one again (`take_slot`).
     on_release: Callable[[Held], None] | None = field(default=None, repr=False)
+    on_take: Callable[[Held], None] | None = field(default=None, repr=False)
     slot_released: bool = False
+    releasing: bool = False  # the worker cancelled it to hand its message back
 
     def release_slot(self) -> None:
         """The input is no longer needed and the outcome decided: what is left (the chain
@@ -110,6 +123,15 @@ class Held:
     def trace(self) -> tracing.TaskTrace:
         """Its task's trace (`tracing.NO_TRACE` while tracing is off)."""
         return self.message.trace
+
+    def take_slot(self) -> None:
+        """Hold a slot again after giving it back to wait (`Step.WAITING_OUTPUT`). The
+        count may pass the limit for a while: the worker receives nothing until it is
+        back under it."""
+        if self.slot_released:
+            self.slot_released = False
+            if self.on_take is not None:
+                self.on_take(self)
 
     def compute_s(self) -> float | None:
         """Seconds an inference process spent on this message (None: it computed nothing)."""
@@ -188,6 +210,9 @@ class Pipeline:
     model_sha256: str
     max_receive_count: int | None = None  # the queue's redrive policy; None: retried forever
     outputs: OutputLocks = field(default_factory=OutputLocks)
+    # The worker's: returns once the receive it has pending now (if any) has ended. A
+    # hand-back waits for it (see `_hand_back`).
+    receive_ended: Callable[[], Awaitable[None]] = _no_receive_pending
 
     def __post_init__(self) -> None:
         self.linker = (
@@ -214,6 +239,7 @@ class Pipeline:
         held.release_slot()
         outcome = held.final(outcome)
         self._record(held, outcome)
+        self._ended(held)
         return outcome
 
     async def _process(self, held: Held) -> Outcome:
@@ -223,7 +249,12 @@ class Pipeline:
                 return await self._run(held, held.task)
             except InputError as exc:
                 return await self._reject(held, exc.reason, exc.detail)
-        except Exception as exc:  # transient by default: bounded by the redrive policy
+        except BaseException as exc:  # transient by default: bounded by the redrive policy
+            # Not only Exception: a native extension's panic (pyo3's PanicException, from
+            # obstore) is a BaseException, and must end in an outcome like any failure.
+            # Only what asks the task or the process to stop goes on.
+            if isinstance(exc, NOT_TASK_FAILURES):
+                raise
             code = exc.code if isinstance(exc, LinkNotSent) else error_code(exc)
             held.reason = code or type(exc).__name__
             log.warning(Event.TASK_FAILED, extra=self._ids(held) | {"error": str(exc)})
@@ -232,8 +263,14 @@ class Pipeline:
     async def _run(self, held: Held, task: Task) -> Outcome:
         waited = self.outputs.busy(task.output)
         if waited:
+            # Waiting needs neither its input nor a process: the slot goes to another
+            # message meanwhile, and is taken again (above the limit for a while, if
+            # need be) once the output is this message's to look at.
             held.step = Step.WAITING_OUTPUT
+            held.release_slot()
         async with self.outputs.hold(task.output):
+            if waited:
+                held.take_slot()
             return await self._run_alone(held, task, look_first=waited or self._redelivered(held))
 
     def _redelivered(self, held: Held) -> bool:
@@ -439,6 +476,24 @@ class Pipeline:
             held.reason = "max_task_time"
             detail = f"over max_task_time_s ({self.settings.max_task_time_s:g} s)"
             return await self._retry(held, detail)
+        return await self._hand_back(held)
+
+    async def release(self, held: Held) -> Outcome:
+        """Hand back a message whose work never started (one the worker's last receive
+        brought in after shutdown began), and record its outcome."""
+        try:
+            outcome = await self._hand_back(held)
+            self._record(held, outcome)
+            return outcome
+        finally:
+            held.trace.end()
+
+    async def _hand_back(self, held: Held) -> Outcome:
+        """Visibility 0, once the worker's own pending receive has ended: a long poll
+        still open at SQS would take the message straight back, hide it for a whole
+        visibility timeout and spend one of its receives."""
+        held.step = Step.RELEASING
+        await self.receive_ended()
         try:
             await self.queue.set_visibility(held.message, 0)
         except Exception as exc:  # it becomes visible again when its timeout lapses
@@ -470,6 +525,18 @@ class Pipeline:
             "message_id": held.message.message_id,
             "receive_count": held.message.receive_count,
         }
+
+    def _ended(self, held: Held) -> None:
+        """Tell the linker this delivery has ended, once its send (if one is still under
+        way after a cancel) has too: a link it left unsent may then be taken over at once."""
+        linker = self.linker
+        if linker is None:
+            return
+        under_way = held.under_way[0] if held.under_way is not None else None
+        if under_way is not None and not under_way.done():
+            under_way.add_done_callback(lambda _: linker.ended(held.delivery_id))
+        else:
+            linker.ended(held.delivery_id)
 
     def _record(self, held: Held, outcome: Outcome) -> None:
         elapsed = time.monotonic() - held.message.received_at

@@ -92,6 +92,8 @@ class InferencePool:
         self._closing = False
         self.startup_s = 0.0
         self.last_error = ""
+        # Told when a restart fails or succeeds: the worker acts on `stalled` at once.
+        self.on_change: Callable[[], None] | None = None
 
     # -- lifecycle ------------------------------------------------------------------
     async def start(self) -> None:
@@ -184,6 +186,14 @@ class InferencePool:
         return sum(1 for s in self.slots if s.executor is not None)
 
     @property
+    def stalled(self) -> bool:
+        """No process is running and the last start of each failed: nothing received
+        now could be computed until one comes back (restarts go on meanwhile)."""
+        return (
+            not self._closing and self.ready_count == 0 and all(s.failures > 0 for s in self.slots)
+        )
+
+    @property
     def usable(self) -> bool:
         """False once some process could not be restarted: the pod should be replaced."""
         return not self._closing and all(s.failures < _UNUSABLE_AFTER for s in self.slots)
@@ -194,6 +204,10 @@ class InferencePool:
 
     def _update_ready(self) -> None:
         self.metrics.processes_ready.set(self.ready_count)
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
 
     # -- running tasks --------------------------------------------------------------
     async def _acquire(self) -> tuple[Slot, int]:
@@ -285,12 +299,14 @@ class InferencePool:
                     Event.POOL_PROCESS_RESTART_FAILED,
                     extra={"slot": slot.index, "error": str(exc), "retry_in_s": delay},
                 )
+                self._changed()
                 await asyncio.sleep(delay)
                 continue
             slot.failures = 0
             self.metrics.pool_rebuilds.inc()
             self._update_ready()
             self._free.put_nowait((slot, slot.generation))
+            self._changed()
             restore_s = round(time.perf_counter() - started, 3)
             log.info(
                 Event.POOL_PROCESS_RESTARTED,

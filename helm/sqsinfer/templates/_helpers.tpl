@@ -251,10 +251,11 @@ Unset worker settings take the worker's defaults (a test holds them to sqsinfer.
 
 {{/*
 Shutdown timing, the worker's own rules (sqsinfer.config): an unset task_time_s is 60 s;
-an unset (or 0) drain_deadline_s is task_time_s + 10 s; after the drain a commit under way
-gets COMMIT_GRACE_S (10 s) and the release of what is left FORCED_RELEASE_S (5 s), the
-worker's shutdown_budget_s. The pod's grace adds 5 s for the processes to exit. A test
-holds these numbers to the worker's.
+an unset (or 0) drain_deadline_s is task_time_s + 10 s; beside the drain, the long poll
+pending at SIGTERM is let end, within wait_time_s (unset: 20 s) + LAST_RECEIVE_GRACE_S
+(5 s); after the later of the two a commit under way gets COMMIT_GRACE_S (10 s) and the
+release of what is left FORCED_RELEASE_S (5 s), the worker's shutdown_budget_s. The pod's
+grace adds 5 s for the processes to exit. A test holds these numbers to the worker's.
 */}}
 {{- define "sqsinfer.taskTime" -}}
 {{- $t := .Values.worker.task_time_s }}
@@ -270,9 +271,21 @@ holds these numbers to the worker's.
 {{- end }}
 {{- end }}
 
-{{/* The least grace period: ceil(drain + 10 s + 5 s) + 5 s for the processes to exit. */}}
+{{- define "sqsinfer.waitTime" -}}
+{{- $w := .Values.worker.wait_time_s }}
+{{- if include "sqsinfer.isSet" $w }}{{ float64 $w }}{{ else }}{{ 20.0 }}{{ end }}
+{{- end }}
+
+{{/* The later of the drain and the end of the last long poll (wait_time_s + 5 s). */}}
+{{- define "sqsinfer.shutdownWait" -}}
+{{- $drain := include "sqsinfer.drain" . | float64 }}
+{{- $poll := addf (include "sqsinfer.waitTime" . | float64) 5.0 }}
+{{- if gt $poll $drain }}{{ $poll }}{{ else }}{{ $drain }}{{ end }}
+{{- end }}
+
+{{/* The least grace period: ceil(that + 10 s + 5 s) + 5 s for the processes to exit. */}}
 {{- define "sqsinfer.minGrace" -}}
-{{- add (ceil (addf (include "sqsinfer.drain" . | float64) 15.0) | int64) 5 }}
+{{- add (ceil (addf (include "sqsinfer.shutdownWait" . | float64) 15.0) | int64) 5 }}
 {{- end }}
 
 {{- define "sqsinfer.grace" -}}
@@ -290,7 +303,7 @@ holds these numbers to the worker's.
 {{- $grace := include "sqsinfer.grace" . | int64 }}
 {{- $least := include "sqsinfer.minGrace" . | int64 }}
 {{- if lt $grace $least }}
-{{- fail (printf "terminationGracePeriodSeconds (%d) must be at least %d: worker.drain_deadline_s (%v) + 10 s for a commit under way + 5 s to release unfinished messages + 5 s for the processes to exit; leave it empty to have it derived" $grace $least $drain) }}
+{{- fail (printf "terminationGracePeriodSeconds (%d) must be at least %d: the longer of worker.drain_deadline_s (%v) and worker.wait_time_s (%v) + 5 s for the long poll out at SIGTERM, + 10 s for a commit under way + 5 s to release unfinished messages + 5 s for the processes to exit; leave it empty to have it derived" $grace $least $drain (include "sqsinfer.waitTime" . | float64)) }}
 {{- end }}
 {{- include "sqsinfer.validateSizing" . }}
 {{- if and .Values.keda.enabled (not .Values.keda.scaleToZero) (gt (int64 .Values.keda.minReplicas) (int64 .Values.keda.maxReplicas)) }}

@@ -33,11 +33,12 @@ class Handler(Protocol):
     array and returns a numeric array with one row per input row. Raise `InputError`
     from `predict` for inputs the model cannot take (e.g. the wrong number of features).
 
-    Optional: `load_bytes(data: bytes, threads: int)`, the model from the file's bytes.
-    When the model's sha256 is pinned, the process reads the file once, checks the hash
-    of those bytes and hands them to `load_bytes`, so what is loaded is what was
-    checked. A handler without it is given the path after the check, and reads the file
-    a second time (a file replaced in between would be loaded unchecked).
+    Optional: `load_bytes(data: bytearray, threads: int)`, the model from the file's
+    bytes, in a buffer the handler owns (it may hand it to a library in place, keep it,
+    or empty it). When the model's sha256 is pinned, the process reads the file once,
+    checks the hash of those bytes and hands them to `load_bytes`, so what is loaded is
+    what was checked. A handler without it is given the path after the check, and reads
+    the file a second time (a file replaced in between would be loaded unchecked).
     """
 
     def load(self, model_path: str, threads: int) -> None: ...

@@ -24,8 +24,13 @@ class OnnxHandler:
     def load(self, model_path: str, threads: int) -> None:
         self._open(model_path, threads)
 
-    def load_bytes(self, data: bytes, threads: int) -> None:
-        self._open(data, threads)
+    def load_bytes(self, data: bytes | bytearray, threads: int) -> None:
+        # ONNX Runtime takes bytes only. The buffer is the handler's: emptied once
+        # copied, it does not sit beside the copy while the session is built.
+        model = bytes(data)
+        if isinstance(data, bytearray):
+            data.clear()
+        self._open(model, threads)
 
     def _open(self, model: str | bytes, threads: int) -> None:
         try:

@@ -21,12 +21,14 @@ class XGBoostHandler:
             raise ModelLoadError(f"XGBoost model must be .ubj or .json, got {model_path}")
         self._use(xgboost.Booster(), model_path, threads)
 
-    def load_bytes(self, data: bytes, threads: int) -> None:
+    def load_bytes(self, data: bytes | bytearray, threads: int) -> None:
         """The model from the pinned file's bytes (their sha256 was checked). XGBoost
-        tells UBJSON from JSON by itself and refuses anything else."""
+        tells UBJSON from JSON by itself and refuses anything else. It reads a bytearray
+        in place; other bytes are copied into one first."""
         import xgboost
 
-        self._use(xgboost.Booster(), bytearray(data), threads)
+        buffer = data if isinstance(data, bytearray) else bytearray(data)
+        self._use(xgboost.Booster(), buffer, threads)
 
     def _use(self, booster: Any, model: str | bytearray, threads: int) -> None:
         booster.load_model(model)  # UBJSON/JSON parser only: never pickle
