@@ -1,4 +1,5 @@
-"""A second stand-in for AWS: LocalStack's S3 and SQS in host mode on loopback, no Docker.
+"""A second stand-in for AWS: LocalStack's S3 and SQS (and the SNS and EventBridge that
+carry S3's event notifications) in host mode on loopback, no Docker.
 
 moto is lenient where AWS is strict: it takes U+FFFF in a message, object keys over
 1,024 bytes, and a conditional put with an ETag (which it treats as an overwrite).
@@ -46,13 +47,20 @@ REQUIREMENTS = (
     "cryptography<45",
     # Twisted's TLS support (LocalStack's gateway server) imports it, undeclared.
     "service-identity",
+    # EventBridge's provider (S3 → EventBridge → SQS, for the S3 event tests) imports
+    # moto's events backend, a crontab parser and jsonpath: `runtime` has them, among
+    # much else.
+    "moto-ext>=5.1.22",
+    "crontab>=0.22.6",
+    "jsonpath-ng==1.7.0",
 )
 PYTHON_VERSION = (3, 13)
 PYTHON_ENV = "SQSINFER_LOCALSTACK_PYTHON"
 BASE_PYTHON_ENV = "SQSINFER_LOCALSTACK_BASE_PYTHON"
 DEFAULT_VENV = ".venv-localstack"
 MAKE_TARGET = "make test-localstack"
-SERVICES = ("s3", "sqs")
+# S3 and SQS for the worker; SNS and EventBridge carry S3's event notifications.
+SERVICES = ("s3", "sqs", "sns", "events")
 _START_TIMEOUT_S = 90.0
 _STOP_TIMEOUT_S = 20.0
 _LOG_TAIL_CHARS = 3000
@@ -148,13 +156,13 @@ def install(venv: Path, base_python: str) -> str:
 
 
 def server_environment(port: int, state_dir: Path) -> dict[str, str]:
-    """LocalStack's settings: S3 and SQS only, on loopback, nothing reaching outside."""
+    """LocalStack's settings: its SERVICES only, on loopback, nothing reaching outside."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
     env.pop("VIRTUAL_ENV", None)
     host = f"127.0.0.1:{port}"
     env |= FAKE_CREDENTIALS | {
         "SERVICES": ",".join(SERVICES),
-        "EAGER_SERVICE_LOADING": "1",  # ready means S3 and SQS are up, not merely importable
+        "EAGER_SERVICE_LOADING": "1",  # ready means its services are up, not merely importable
         "OVERRIDE_IN_DOCKER": "0",  # host mode: no container, no Docker socket
         "GATEWAY_LISTEN": host,
         # Its default server (Twisted) binds every address whatever GATEWAY_LISTEN says;
@@ -213,7 +221,7 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 
 @contextlib.contextmanager
 def localstack_server(port: int = 0, python: str | None = None) -> Iterator[LocalStackServer]:
-    """Start LocalStack (S3, SQS) on 127.0.0.1 (a free port unless given); stop it after."""
+    """Start LocalStack (its SERVICES) on 127.0.0.1 (a free port unless given); stop it after."""
     python = python or localstack_python()
     port = port or free_port()
     state_dir = Path(tempfile.mkdtemp(prefix="sqsinfer-localstack-"))
@@ -243,7 +251,7 @@ def _interrupt(signum: int, frame: object) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m proving.localstack",
-        description="Install LocalStack into its own venv, or serve S3 and SQS on loopback.",
+        description="Install LocalStack into its own venv, or serve its services on loopback.",
     )
     verbs = parser.add_subparsers(dest="verb", required=True)
     setup = verbs.add_parser("install", help="create or update LocalStack's venv")
@@ -258,7 +266,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):  # either way: stop it and remove its state
             signal.signal(sig, _interrupt)
         with localstack_server(args.port) as server:
-            print(f"LocalStack {LOCALSTACK_VERSION} (S3, SQS) at {server.url}", flush=True)
+            served = ", ".join(SERVICES)
+            print(f"LocalStack {LOCALSTACK_VERSION} ({served}) at {server.url}", flush=True)
             with contextlib.suppress(KeyboardInterrupt):
                 server.process.wait()
     except LocalStackMissing as exc:

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from sqsinfer import events
 from sqsinfer.compute import formats, handlers
 from sqsinfer.limits import SQS_DEFAULT_MAX_MESSAGE_BYTES, SQS_MAX_VISIBILITY_S, SQS_MAX_WAIT_S
 from sqsinfer.messages import S3Uri, parse_prefixes, parse_s3_uri
@@ -83,6 +84,12 @@ def _output_format(text: str) -> str:
     return text
 
 
+def _message_shape(text: str) -> str:
+    if text not in events.MESSAGE_SHAPES:
+        raise ValueError("must be one of " + ", ".join(events.MESSAGE_SHAPES))
+    return text
+
+
 def _flag(text: str) -> bool:
     if text.lower() in _TRUE:
         return True
@@ -132,6 +139,12 @@ class Settings:
     )
     output_format: str = _opt(
         "npy", "format of derived output keys: npy, json or parquet", _output_format
+    )
+    message_shape: str = _opt(
+        events.SQSINFER,
+        "what a message is: sqsinfer (a task message), s3-event (an S3 event notification: "
+        "S3's own, wrapped by SNS, or EventBridge's) or auto (either, told apart by shape)",
+        _message_shape,
     )
     processes: int = _opt(0, "inference processes; 0 = the CPUs this container may use", int)
     threads_per_process: int = _opt(1, "threads each process gives the model", int)
@@ -315,6 +328,13 @@ def _check_outputs(s: Settings, _: bool) -> None:
         "output_format",
         "must be one of " + ", ".join(formats.OUTPUT_NAMES),
     )
+    _require(
+        s.message_shape in events.MESSAGE_SHAPES,
+        "message_shape",
+        "must be one of " + ", ".join(events.MESSAGE_SHAPES),
+    )
+    if s.message_shape != events.SQSINFER:
+        _check_no_event_loop(s)
     missing = formats.named(s.output_format).missing
     _require(not missing, "output_format", f"is {s.output_format}, but {missing}")
     if s.output_prefix is not None:
@@ -334,6 +354,23 @@ def _check_outputs(s: Settings, _: bool) -> None:
         "handler",
         f"must be one of {', '.join(handlers.REGISTRY)} or a path such as package.module:Class",
     )
+
+
+def _check_no_event_loop(s: Settings) -> None:
+    """A stage fed by S3 events must not write where it reads: each output (and chain
+    marker) would be a new object under an input prefix, its event scored again, forever."""
+    for out in s.allowed_output_prefixes:
+        for inp in s.allowed_input_prefixes:
+            overlap = out.bucket == inp.bucket and (
+                out.key.startswith(inp.key) or inp.key.startswith(out.key)
+            )
+            _require(
+                not overlap,
+                "allowed_input_prefixes",
+                f"{inp} overlaps the output prefix {out}: with message_shape "
+                f"{s.message_shape}, each output would be an S3 event under an input prefix, "
+                "scored again; keep outputs outside the input prefixes",
+            )
 
 
 def _check_numbers(s: Settings, _: bool) -> None:

@@ -53,6 +53,7 @@ class Event(StrEnum):
     RETRY_DELAY_NOT_SET = "could not set retry delay"
     HAND_BACK_FAILED = "could not hand back message"
     TASK_FINISHED = "task finished"
+    EVENT_IGNORED = "event ignored"
     # the link to the next stage
     CHAIN_LINK_TAKEN_OVER = "chain link taken over"
     NEXT_STAGE_SEND_FAILED = "next stage send failed"

@@ -20,6 +20,7 @@ from sqsinfer.limits import S3_MAX_KEY_BYTES, SQS_DEFAULT_MAX_MESSAGE_BYTES
 # Every pattern here validates a whole value: always `fullmatch`, never `match` with `$`
 # (which also matches before a final newline).
 # A task id becomes part of an S3 key, so it is held to a conservative alphabet.
+MAX_TASK_ID_CHARS = 512
 _TASK_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._\-/=:@+]{0,511}")
 # S3 bucket naming rules (the subset that matters: no dots-and-dashes games, 3-63 chars).
 _BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]")
@@ -131,6 +132,10 @@ class Task:
     output_format: str
     params: dict[str, Any] = field(default_factory=dict)
     input_options: formats.InputOptions = formats.NO_OPTIONS  # from params, checked
+    # From an S3 event notification (`events`): the version of the input it names (read
+    # exactly that one), and whether the output must record and match its input.
+    input_version: str | None = None
+    from_event: bool = False
 
 
 @dataclass(frozen=True)
@@ -147,6 +152,9 @@ class MessageRules:
     # Refuse formats whose package is not installed in this process (the worker). A tool
     # that checks messages for a worker elsewhere cannot know what that worker has.
     require_installed_formats: bool = True
+    # What a body is: a task message (`sqsinfer`), an S3 event notification (`s3-event`),
+    # or either (`auto`); `events.parse_body` reads it.
+    message_shape: str = "sqsinfer"
 
 
 def _field_uri(doc: dict[str, Any], name: str) -> S3Uri:
@@ -165,28 +173,31 @@ def _output_uri(doc: dict[str, Any], task_id: str, rules: MessageRules) -> S3Uri
         target = _field_uri(doc, "output")
         if not any(target.within(p) for p in rules.allowed_output_prefixes):
             raise InputError("output_not_allowed", f"{target} is outside the allowed prefixes")
-    try:
-        _check_key(target.key, "output", allow_empty=False, max_bytes=MAX_OUTPUT_KEY_BYTES)
-    except ValueError as exc:
-        where = " (derived from task_id and the output prefix)" if derived else ""
-        raise InputError("invalid_field", f"{exc}{where}") from None
-    return target
+    return output_key(target, " (derived from task_id and the output prefix)" if derived else "")
 
 
 def _task_id(doc: dict[str, Any]) -> str:
     task_id = doc["task_id"]
+    problem = task_id_problem(task_id)
+    if problem:
+        raise InputError("invalid_field", problem)
+    return str(task_id)
+
+
+def task_id_problem(task_id: Any) -> str:
+    """What makes `task_id` no task id ("" when it is one)."""
     if not isinstance(task_id, str) or _TASK_ID_RE.fullmatch(task_id) is None:
-        raise InputError(
-            "invalid_field",
-            "task_id must be 1-512 characters of A-Z a-z 0-9 . _ - / = : @ + "
-            "starting with a letter or digit",
+        return (
+            f"task_id must be 1-{MAX_TASK_ID_CHARS} characters of A-Z a-z 0-9 . _ - / = : @ + "
+            "starting with a letter or digit"
         )
     if any(seg in (".", "..", "") for seg in task_id.split("/")):
-        raise InputError("invalid_field", "task_id has an empty, '.' or '..' segment")
-    return task_id
+        return "task_id has an empty, '.' or '..' segment"
+    return ""
 
 
-def _load_document(body: str | bytes, rules: MessageRules) -> dict[str, Any]:
+def load_object(body: str | bytes, rules: MessageRules, what: str = "the body") -> dict[str, Any]:
+    """A message body (or a JSON document inside one) as a JSON object, or InputError."""
     size = len(body.encode() if isinstance(body, str) else body)
     if size > rules.max_message_bytes:
         raise InputError(
@@ -197,10 +208,7 @@ def _load_document(body: str | bytes, rules: MessageRules) -> dict[str, Any]:
     except orjson.JSONDecodeError as exc:
         raise InputError("malformed_json", str(exc)[:200]) from None
     if not isinstance(doc, dict):
-        raise InputError("malformed_json", "the body must be a JSON object")
-    missing = [name for name in ("task_id", "input") if name not in doc]
-    if missing:
-        raise InputError("missing_field", "missing " + ", ".join(missing))
+        raise InputError("malformed_json", f"{what} must be a JSON object")
     return doc
 
 
@@ -225,26 +233,77 @@ def _format(
 
 def parse_task(body: str | bytes, rules: MessageRules) -> Task:
     """Parse and validate one message body into a Task, or raise InputError."""
-    doc = _load_document(body, rules)
+    return task_from_document(load_object(body, rules), rules)
+
+
+def task_from_document(doc: dict[str, Any], rules: MessageRules) -> Task:
+    """The Task a task message's JSON object asks for, or InputError."""
+    missing = [name for name in ("task_id", "input") if name not in doc]
+    if missing:
+        raise InputError("missing_field", "missing " + ", ".join(missing))
     task_id = _task_id(doc)
     source = _field_uri(doc, "input")
-    if not any(source.within(p) for p in rules.allowed_input_prefixes):
-        raise InputError("input_not_allowed", f"{source} is outside the allowed prefixes")
-    input_format = _format(
-        formats.for_input(source.suffix), "input", source, formats.INPUT_SUFFIXES, rules
-    )
+    allowed_prefix(source, rules)
     target = _output_uri(doc, task_id, rules)
-    output_format = _format(
-        formats.for_output(target.suffix), "output", target, formats.OUTPUT_SUFFIXES, rules
-    )
     params = doc.get("params", {})
     if not isinstance(params, dict):
         raise InputError("invalid_field", "params must be a JSON object")
+    return build_task(task_id, source, target, params, rules)
+
+
+def allowed_prefix(source: S3Uri, rules: MessageRules) -> S3Uri:
+    """The longest allowed input prefix `source` lies under, or InputError."""
+    found = [p for p in rules.allowed_input_prefixes if source.within(p)]
+    if not found:
+        raise InputError("input_not_allowed", f"{source} is outside the allowed prefixes")
+    return max(found, key=lambda p: len(p.key))
+
+
+def input_format(source: S3Uri, rules: MessageRules) -> formats.Format:
+    """The format an input's suffix names, when this worker reads it; else InputError."""
+    return _format(formats.for_input(source.suffix), "input", source, formats.INPUT_SUFFIXES, rules)
+
+
+def build_task(
+    task_id: str,
+    source: S3Uri,
+    target: S3Uri,
+    params: dict[str, Any],
+    rules: MessageRules,
+    **event: Any,
+) -> Task:
+    """The Task for checked ids and keys: their formats, and the options `params` give.
+    `event` holds the fields an S3 event notification adds (`Task.input_version`, ...)."""
+    read = input_format(source, rules)
+    written = _format(
+        formats.for_output(target.suffix), "output", target, formats.OUTPUT_SUFFIXES, rules
+    )
     try:
-        options = formats.input_options(params, input_format)
+        options = formats.input_options(params, read)
     except ValueError as exc:
         raise InputError("invalid_field", str(exc)) from None
-    return Task(task_id, source, target, input_format.name, output_format.name, params, options)
+    return Task(task_id, source, target, read.name, written.name, params, options, **event)
+
+
+def object_uri(bucket: Any, key: Any, what: str) -> S3Uri:
+    """The object an event names (bucket and decoded key apart), held to `parse_s3_uri`'s
+    rules; InputError (`invalid_field`) otherwise."""
+    if not isinstance(bucket, str) or _BUCKET_RE.fullmatch(bucket) is None or ".." in bucket:
+        raise InputError("invalid_field", f"{what} has an invalid bucket name {str(bucket)[:64]!r}")
+    try:
+        _check_key(key, what, allow_empty=False)
+    except ValueError as exc:
+        raise InputError("invalid_field", str(exc)) from None
+    return S3Uri(bucket, key)
+
+
+def output_key(target: S3Uri, where: str) -> S3Uri:
+    """`target`, when it is a key an output may have (`where` says how it was derived)."""
+    try:
+        _check_key(target.key, "output", allow_empty=False, max_bytes=MAX_OUTPUT_KEY_BYTES)
+    except ValueError as exc:
+        raise InputError("invalid_field", f"{exc}{where}") from None
+    return target
 
 
 def next_stage_body(task: Task) -> bytes:

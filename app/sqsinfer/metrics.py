@@ -25,6 +25,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.openmetrics import exposition as openmetrics
 
 from sqsinfer import procfs
+from sqsinfer.events import EVENT_SHAPES, Kind
 from sqsinfer.outcomes import REJECTION_REASONS, Outcome
 
 # `_created` series double the series count for a timestamp nobody queries.
@@ -96,6 +97,13 @@ class Metrics:
         )
         self.rejections = Counter(
             "sqsinfer_rejections", "Rejected messages, by reason", ["reason"], registry=r
+        )
+        self.events = Counter(
+            "sqsinfer_events",
+            "S3 event notifications read, one per record, by shape (s3, sns, eventbridge) "
+            "and kind (created, test, other, invalid)",
+            ["shape", "kind"],
+            registry=r,
         )
         self.in_flight = Gauge(
             "sqsinfer_in_flight",
@@ -176,6 +184,9 @@ class Metrics:
             self.chain_duplicates.labels(kind)
         for reason in REJECTION_REASONS:
             self.rejections.labels(reason)
+        for shape in EVENT_SHAPES:
+            for event_kind in Kind:
+                self.events.labels(shape, event_kind)
         for operation in AWS_OPERATIONS:
             self.aws_requests.labels(operation)
             self.aws_errors.labels(operation)

@@ -11,6 +11,7 @@ class Outcome(StrEnum):
     REJECTED = "rejected"  # a permanent problem: copied to the DLQ with a reason
     RETRIED = "retried"  # a transient problem: handed back to the queue with a delay
     RELEASED = "released"  # shutdown reached it before its work started: visible at once
+    IGNORED = "ignored"  # an S3 event that names no new object (a test event, a removal)
 
 
 # Why a message was rejected: the `sqsinfer.reason` attribute of its DLQ copy and the

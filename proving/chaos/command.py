@@ -11,9 +11,19 @@ import tempfile
 import time
 from collections.abc import Sequence
 
-from proving.chaos.disrupt import PROXY_LOG, SENDS, Chaos, Events, run_until_drained, start_proxy
+from proving.chaos import events as s3_events
+from proving.chaos.disrupt import (
+    PROXY_LOG,
+    SENDS,
+    Chaos,
+    Events,
+    Feeding,
+    run_until_drained,
+    start_proxy,
+)
 from proving.chaos.verdict import (
     Findings,
+    check_events,
     check_logs,
     check_outputs,
     check_queues,
@@ -26,6 +36,7 @@ from proving.chaos.verdict import (
 from proving.chaos.workload import (
     FEATURES,
     ChaosConfig,
+    add_event_poison,
     add_non_xml,
     add_squatters,
     prepare,
@@ -58,6 +69,7 @@ def run(config: ChaosConfig) -> Findings:
         work, queues = prepare(moto.url, config)
         add_squatters(moto.url, config, work)
         add_non_xml(moto.url, config, work)
+        add_event_poison(config, work)
         models = {
             # Big enough that predictions take milliseconds: kills can land inside one.
             "stage1": synthetic.train_model(
@@ -67,12 +79,17 @@ def run(config: ChaosConfig) -> Findings:
         }
         proxy, proxy_url = start_proxy(moto.url, config, workdir, queues)
         chaos = Chaos(config, workdir)
+        tally = s3_events.Tally()
         started = time.monotonic()
         try:
             chaos.start_workers(queues, proxy_url, models)
             stage.wait_ready(chaos.workers)
-            feed = start_feeding(moto.url, queues["stage1"], work.bodies, config.feed_depth)
-            drained = run_until_drained(chaos, feed, moto.url, queues, len(work.valid))
+            feeds: list[Feeding] = [
+                start_feeding(moto.url, queues["stage1"], work.bodies, config.feed_depth)
+            ]
+            if config.s3_events:
+                feeds += s3_events.start(moto.url, work, config, queues, tally)
+            drained = run_until_drained(chaos, feeds, moto.url, queues, len(work.valid))
             elapsed = time.monotonic() - started
             # A worker restarted near the end may still be importing, when a SIGTERM
             # kills it outright: the exit codes checked below are those of a drain.
@@ -97,6 +114,9 @@ def run(config: ChaosConfig) -> Findings:
         check_sends(moto.url, json_lines(os.path.join(workdir, SENDS)), work, queues, findings)
         check_visibility(worker_lines, proxy_lines, chaos, findings)
         findings.figures["faults injected"] = proxy_counts(proxy_lines)
+        if config.s3_events:
+            findings.figures |= tally.figures()
+            check_events(worker_lines, tally, findings)
         print_report(findings, chaos.events, elapsed)
         if config.logs_dir:
             shutil.copytree(
@@ -140,6 +160,12 @@ OPTION_HELP = {
     "visibility_delay_s": "how long a held-back extension call waits (s)",
     "visibility_delay_rate": "extension calls held back, while any are left (rate)",
     "timeout_s": "give up after (s)",
+    "s3_events": "feed stage 1 from its bucket's S3 event notifications, with their faults",
+    "odd_keys": "with --s3-events: keys with spaces, +, = and letters beyond ASCII (rate)",
+    "overwrites": "with --s3-events: inputs written twice, two events for one output (rate)",
+    "deletes": "with --s3-events: inputs deleted as soon as written (rate)",
+    "event_poison": "with --s3-events: objects whose events are refused",
+    "multi_records": "with --s3-events: events merged into bodies of several records (rate)",
 }
 
 
@@ -149,18 +175,18 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run a two-stage chain under faults and kills, then check that nothing "
         "was lost.",
         epilog="example:\n  python -m proving.chaos --tasks 2000\n"
-        "  python -m proving.chaos --tasks 100 --s3-5xx 0.2",
+        "  python -m proving.chaos --tasks 100 --s3-5xx 0.2\n"
+        "  python -m proving.chaos --tasks 2000 --s3-events",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     defaults = ChaosConfig()
     for name, text in OPTION_HELP.items():
         default = getattr(defaults, name)
-        p.add_argument(
-            "--" + name.replace("_", "-"),
-            type=type(default),
-            default=default,
-            help=f"{text} ({default:g})",
-        )
+        flag = "--" + name.replace("_", "-")
+        if isinstance(default, bool):
+            p.add_argument(flag, action="store_true", help=text)
+            continue
+        p.add_argument(flag, type=type(default), default=default, help=f"{text} ({default:g})")
     p.add_argument("--logs-dir", default="", help="keep every worker's JSON log here")
     return p
 

@@ -11,12 +11,12 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import proving
 from proving.chaos.workload import BUCKET, SLOW_PREFIX, ChaosConfig, queue_name
 from proving.faults import SDK_ATTEMPTS
-from sqsinfer.lab import feeder, stage, standin
+from sqsinfer.lab import stage, standin
 from sqsinfer.worker.chain import WRITE_ATTEMPTS
 
 if TYPE_CHECKING:  # imported where used: without the local extra the command says so
@@ -128,6 +128,8 @@ def _settings(
         "SQSINFER_CHAIN_SETTLE_S": "4",
     }
     which = name.split("-", maxsplit=1)[0]
+    if which == "stage1" and config.s3_events:  # its bucket's events, and task messages
+        timings["SQSINFER_MESSAGE_SHAPE"] = "auto"
     return (
         stage.SHORT_DRAIN | timings | stage.chain_settings(endpoint, queues, models, BUCKET)[which]
     )
@@ -231,8 +233,16 @@ def _count_outputs(s3: Any, prefix: str) -> int:
     return count
 
 
+class Feeding(Protocol):
+    """A thread that feeds stage 1 (the feeder, the uploader, the relay)."""
+
+    error: BaseException | None
+
+    def is_alive(self) -> bool: ...
+
+
 def run_until_drained(
-    chaos: Chaos, feed: feeder.FeedThread, endpoint: str, queues: dict[str, str], tasks: int
+    chaos: Chaos, feeds: list[Feeding], endpoint: str, queues: dict[str, str], tasks: int
 ) -> bool:
     s3, sqs = standin.clients(endpoint)
     pending = chaos.schedule()
@@ -241,11 +251,12 @@ def run_until_drained(
         done = _count_outputs(s3, "stage2/")
         while pending and done >= pending[0][0] * tasks:
             pending.pop(0)[1]()
-        if feed.error is not None:
-            raise RuntimeError(f"feeding failed: {feed.error}")
+        failed = [feed.error for feed in feeds if feed.error is not None]
+        if failed:
+            raise RuntimeError(f"feeding failed: {failed[0]}")
         if (
             done >= tasks
-            and not feed.is_alive()
+            and not any(feed.is_alive() for feed in feeds)
             and not pending
             and all(stage.queue_depth(sqs, queues[q]) == 0 for q in ("stage1", "stage2"))
         ):

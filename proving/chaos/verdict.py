@@ -6,12 +6,14 @@ counted, and no message lapsed while a worker held it."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import unquote_plus
 
 from proving.chaos.disrupt import Chaos
 from proving.chaos.workload import BUCKET, Workload, queue_name
@@ -86,14 +88,12 @@ def _link_states(stage1: dict[str, bytes]) -> dict[str, str]:
 def check_outputs(endpoint: str, work: Workload, models: dict[str, str], f: Findings) -> None:
     s3, _ = standin.clients(endpoint)
     model1, model2 = synthetic.predictor(models["stage1"]), synthetic.predictor(models["stage2"])
-    expected1 = {f"stage1/{t}.npy": model1.predict(rows) for t, rows in work.valid.items()}
+    expected1 = {work.outputs(t)[0]: model1.predict(rows) for t, rows in work.valid.items()}
     stage1 = stage.read_objects(s3, BUCKET, "stage1/")
     squatted = {k: stage1.pop(k, None) for k in work.squatted}
     problems, decoded = stage.check_stage(stage1, expected1, "npy")
-    expected2 = {
-        k.replace("stage1/", "stage2/"): model2.predict(v.reshape(-1, 1))
-        for k, v in decoded.items()
-    }
+    stage2_key = dict(work.outputs(t) for t in work.valid)
+    expected2 = {stage2_key[k]: model2.predict(v.reshape(-1, 1)) for k, v in decoded.items()}
     more, decoded2 = stage.check_stage(stage.read_objects(s3, BUCKET, "stage2/"), expected2, "npy")
     f.problems += problems + more
     links = _link_states(stage1)
@@ -129,22 +129,49 @@ def check_queues(
     entries = stage.dead_letter_entries(sqs, queues["stage1-dlq"])
     stray = stage.dead_letter_entries(sqs, queues["stage2-dlq"])
     unreasoned = sum(1 for _, reason in entries + stray if not reason)
-    dead = dict(entries)
-    wrong = {b: r or "(no reason)" for b, r in dead.items() if work.poison.get(b) != r}
-    lost = [b for b in work.poison if b not in dead]
+    # A refused event's copy is S3's body of its one record: known by the key it names.
+    events = [(key, r) for b, r in entries if (key := event_key(b)) is not None]
+    entries = [(b, r) for b, r in entries if event_key(b) is None]
+    dead = dict(entries) | dict(events)
+    expected = work.poison | work.event_dead
+    wrong = {b: r or "(no reason)" for b, r in dead.items() if expected.get(b) != r}
+    lost = [b for b in expected if b not in dead]
     f.expect(not unreasoned, f"{unreasoned} DLQ messages without a reason")
     f.expect(not wrong, f"unexpected DLQ messages or reasons: {list(wrong.items())[:3]}")
     f.expect(not lost, f"poison messages missing from the DLQ: {lost[:3]}")
-    second, reset = len(entries) - len(dead), resets[queue_name(queues["stage1-dlq"])]
+    second = len(entries) + len(events) - len(dead)
+    reset = resets[queue_name(queues["stage1-dlq"])]
     f.expect(second <= reset, f"{second} second DLQ copies, only {reset} DLQ sends reset")
     f.expect(not stray, f"stage 2 DLQ holds {len(stray)} messages")
     f.figures |= {
         "left on queues": sum(residue.values()),
-        "DLQ (poison sent / found)": f"{len(work.poison)} / {len(dead)}",
+        "DLQ (poison sent / found)": f"{len(expected)} / {len(dead)}",
         "DLQ entries without a reason": unreasoned,
         "DLQ second copies (found / sends reset)": f"{second} / {reset}",
         "DLQ reasons": dict(Counter(dead.values())),  # each message once
     }
+
+
+def event_key(body: str) -> str | None:
+    """The input key an S3 event body of one record names (None: no such body)."""
+    try:
+        doc = json.loads(body)
+        [record] = doc["Records"]
+        return unquote_plus(record["s3"]["object"]["key"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def check_events(lines: dict[str, list[dict[str, Any]]], tally: Any, f: Findings) -> None:
+    """The events that name no new object were read and ignored: the test event, and one
+    removal per input deleted (at least: a worker killed outright reads some again)."""
+    ignored = sum(
+        1
+        for line in _log_lines(lines, "stage1")
+        if line.get("msg") == Event.TASK_FINISHED and line.get("outcome") == "ignored"
+    )
+    f.expect(ignored >= 1 + tally.deletes, f"{ignored} events ignored, {tally.deletes} deleted")
+    f.figures["events ignored (test, removals)"] = ignored
 
 
 def check_downstream(
@@ -342,27 +369,31 @@ class _LetGo:
 
 def holds(worker: str, lines: list[dict[str, Any]]) -> list[Hold]:
     """Every delivery a worker's log shows finished (a SIGKILLed worker's last ones
-    never are: their messages lapse, as they should)."""
+    never are: their messages lapse, as they should). A message of several records
+    finishes a line per record: its last line is its delivery's end."""
     let_go = _LetGo()
-    found = []
+    found: dict[tuple[str, int], Hold] = {}
     for line in lines:
         if "ts" not in line:
             continue
         at_s = _epoch_s(str(line["ts"]))
         let_go.note(line, at_s)
         if line.get("msg") == _FINISHED and line.get("message_id"):
-            found.append(
-                Hold(
-                    worker=worker,
-                    message_id=str(line["message_id"]),
-                    receive_count=int(line.get("receive_count", 0)),
-                    received_s=at_s - float(line.get("seconds", 0.0)),
-                    let_go_s=let_go.when(line, at_s),
-                    outcome=str(line.get("outcome")),
-                    computed="infer" in (line.get("phases") or {}),
-                )
+            hold = Hold(
+                worker=worker,
+                message_id=str(line["message_id"]),
+                receive_count=int(line.get("receive_count", 0)),
+                received_s=at_s - float(line.get("seconds", 0.0)),
+                let_go_s=let_go.when(line, at_s),
+                outcome=str(line.get("outcome")),
+                computed="infer" in (line.get("phases") or {}),
             )
-    return found
+            delivery = (hold.message_id, hold.receive_count)
+            earlier = found.get(delivery)
+            if earlier is not None and earlier.computed:
+                hold = dataclasses.replace(hold, computed=True)
+            found[delivery] = hold
+    return list(found.values())
 
 
 def _by_message(all_holds: list[Hold]) -> dict[str, list[Hold]]:

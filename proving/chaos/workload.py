@@ -1,5 +1,11 @@
 """What the chaos run feeds: valid tasks, poison, duplicates, squatted outputs and
-messages with characters SQS refuses, prepared on the stand-in and fed to stage 1."""
+messages with characters SQS refuses, prepared on the stand-in and fed to stage 1.
+
+With `s3_events`, the valid tasks are not messages but uploads: each input lands in the
+bucket when the feeding reaches it and the bucket's own notification says so (`events`).
+Some keys are named as people name files; some inputs are overwritten (two events for
+one output: one scores it, the other is a conflict) or deleted at once (the event still
+reads the version it names); some objects make poison events."""
 
 from __future__ import annotations
 
@@ -10,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from sqsinfer import events
 from sqsinfer.lab import feeder, stage, standin, synthetic
 
 BUCKET = "sqsinfer-chaos"
@@ -51,6 +58,23 @@ class ChaosConfig:
     feed_depth: int = 100
     timeout_s: float = 1200.0
     logs_dir: str = ""  # keep the workers' and the proxy's logs here
+    # Stage 1 fed by S3 event notifications (message_shape auto: the other kinds of
+    # message still come as task messages), with these faults of its own:
+    s3_events: bool = False
+    odd_keys: float = 0.1  # keys with spaces, `+`, `=` and letters beyond ASCII (rate)
+    overwrites: float = 0.02  # inputs written twice: two events for one output (rate)
+    deletes: float = 0.02  # inputs deleted as soon as written (rate)
+    event_poison: int = 6  # objects whose events are refused (three kinds)
+    multi_records: float = 0.1  # events the relay merges into bodies of several (rate)
+
+
+@dataclass(frozen=True)
+class Upload:
+    """An object the S3 feeding writes (and then writes again, or deletes)."""
+
+    key: str
+    data: bytes
+    then: str = ""  # "overwrite" or "delete"
 
 
 @dataclass
@@ -61,6 +85,15 @@ class Workload:
     duplicates: int = 0
     squatted: dict[str, bytes] = field(default_factory=dict)  # output key -> producer's bytes
     params: dict[str, dict[str, Any]] = field(default_factory=dict)  # task id -> its params
+    # With s3_events: what is uploaded, in order; the refused events expected in the DLQ
+    # (input key → reason, once each); each task's output keys when its id is not its key.
+    uploads: list[Upload] = field(default_factory=list)
+    event_dead: dict[str, str] = field(default_factory=dict)
+    keys: dict[str, tuple[str, str]] = field(default_factory=dict)
+
+    def outputs(self, task_id: str) -> tuple[str, str]:
+        """A task's output keys at stage 1 and stage 2."""
+        return self.keys.get(task_id, (f"stage1/{task_id}.npy", f"stage2/{task_id}.npy"))
 
     def add_valid(
         self, s3: Any, task_id: str, rows: np.ndarray, params: dict[str, Any] | None = None
@@ -121,16 +154,53 @@ def prepare(endpoint: str, config: ChaosConfig) -> tuple[Workload, dict[str, str
         work.bodies.append(work.add_valid(s3, task_id, rows))
     for i in range(config.tasks):
         rows = synthetic.make_rows(config.rows, FEATURES, seed=config.seed * 100_000 + i)
-        body = work.add_valid(s3, f"task-{i:05d}", rows)
-        work.bodies.append(body)
-        if rng.random() < config.duplicate_rate:  # sent twice, side by side: taken at once
+        if config.s3_events:  # an upload; the relay sends some of its events twice
+            _add_upload(work, rng, config, i, rows)
+        else:
+            body = work.add_valid(s3, f"task-{i:05d}", rows)
             work.bodies.append(body)
-            work.duplicates += 1
+            if rng.random() < config.duplicate_rate:  # sent twice, side by side: taken at once
+                work.bodies.append(body)
+                work.duplicates += 1
         if rng.random() < config.poison_rate:
             poison, reason = _poison(s3, len(work.poison))
             work.poison[poison] = reason
             work.bodies.append(poison)
     return work, queues
+
+
+def _add_upload(
+    work: Workload, rng: random.Random, config: ChaosConfig, i: int, rows: np.ndarray
+) -> None:
+    """A valid task as an upload under in/: its task id and outputs follow from its key."""
+    odd = rng.random() < config.odd_keys
+    stem = f"t {i:05d} +=ü" if odd else f"task-{i:05d}"
+    task_id = events.task_id_for(stem)
+    work.valid[task_id] = rows
+    if odd:  # stage 1 keeps the key's characters; stage 2 names outputs by the task id
+        work.keys[task_id] = (f"stage1/{stem}.npy", f"stage2/{task_id}.npy")
+    key, then = f"in/{stem}.npy", ""
+    if rng.random() < config.overwrites:
+        then = "overwrite"
+        work.event_dead[key] = "output_conflict"  # the event that comes second to its output
+    elif rng.random() < config.deletes:
+        then = "delete"
+    work.uploads.append(Upload(key, synthetic.encode_input(rows, "npy"), then))
+
+
+def add_event_poison(config: ChaosConfig, work: Workload) -> None:
+    """Objects under in/ whose events must be refused, each with its reason."""
+    uploads = []
+    for i in range(config.event_poison if config.s3_events else 0):
+        key, data, reason = [
+            (f"in/event-poison-{i}.txt", b"text", "unsupported_format"),
+            (f"in/event-poison-{i}%.npy", b"x", "invalid_field"),  # `%`: in no key of a task
+            (f"in/event-poison-{i}.npy", b"\x93NUMPY broken", "undecodable_input"),
+        ][i % 3]
+        work.event_dead[key] = reason
+        uploads.append(Upload(key, data))
+    for i, upload in enumerate(uploads):
+        work.uploads.insert((i + 1) * len(work.uploads) // (len(uploads) + 1), upload)
 
 
 def add_squatters(endpoint: str, config: ChaosConfig, work: Workload) -> None:

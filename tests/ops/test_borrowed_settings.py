@@ -35,6 +35,7 @@ FORMS: dict[str, tuple[str, ...]] = {
     "output_prefix": ("s3://{bucket}/out/",),
     "allowed_output_prefixes": ("", "s3://{bucket}/out/,s3://{bucket}/other/"),
     "output_format": ("npy", "json", "parquet"),
+    "message_shape": ("sqsinfer", "s3-event", "auto"),
     "processes": ("0", "2"),
     "threads_per_process": ("1", "2"),
     "prefetch": ("auto", "AUTO", "3"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
@@ -24,16 +25,7 @@ def test_a_small_chaos_run_loses_nothing(capsys):
         visibility_delay_calls=2,
         timeout_s=300,
     )
-    findings = command.run(config)
-    report = capsys.readouterr().out
-    assert findings.problems == [], report
-    figures = findings.figures
-    valid = config.tasks + config.slow_tasks + config.non_xml
-    assert figures["stage1 outputs"] == figures["stage2 outputs"] == valid
-    assert figures["chain links (sent)"] == valid
-    assert figures["objects overwritten"] == 0
-    assert figures["left on queues"] == 0
-    assert figures["DLQ entries without a reason"] == 0
+    figures, report = _lost_nothing(config, capsys)
     assert figures["DLQ reasons"]["output_conflict"] == 2
     assert figures["DLQ reasons"]["invalid_field"] == 4  # U+FFFF, U+FFFE, a control character
     assert figures["squatted outputs (untouched / planted)"] == "2 / 2"
@@ -53,6 +45,68 @@ def test_a_small_chaos_run_loses_nothing(capsys):
     assert "SIGTERM stage1-a: exit 0; restarted" in report
     assert "(no drain); restarted" in report
     assert report.count("SIGKILL inference process") == config.child_kills
+
+
+def test_a_small_chaos_run_fed_by_s3_events_loses_nothing(capsys):
+    """Stage 1 fed by its bucket's notifications: odd keys, overwritten inputs (one output,
+    one conflict), inputs deleted at once (read at their version), refused events, events
+    delivered twice and merged into bodies of several records, under the same fire."""
+    config = workload.ChaosConfig(
+        tasks=30,
+        seed=6,
+        s3_events=True,
+        odd_keys=0.3,
+        overwrites=0.1,
+        deletes=0.1,
+        multi_records=0.3,
+        duplicate_rate=0.2,
+        poison_rate=0.05,
+        squatters=1,
+        non_xml=1,
+        slow_tasks=0,  # the keeper under stalled calls is the first run's to prove
+        visibility_delay_calls=0,
+        timeout_s=300,
+    )
+    figures, _ = _lost_nothing(config, capsys)
+    reasons = figures["DLQ reasons"]
+    uploads, overwritten, deleted = _numbers(figures["S3 uploads (overwritten, deleted at once)"])
+    assert uploads == config.tasks + config.event_poison and overwritten > 0 and deleted > 0
+    assert reasons["output_conflict"] == overwritten + config.squatters  # one per output
+    assert reasons["unsupported_format"] == 2  # refused events only: no task message has one
+    _, twice, merged = _numbers(figures["event bodies relayed (sent twice, of several records)"])
+    assert twice > 0 and merged > 0
+    assert figures["events ignored (test, removals)"] >= 1 + deleted
+    assert figures["lapsed while held (then computed again)"] == "0 (0)"
+
+
+def _lost_nothing(config: workload.ChaosConfig, capsys: Any) -> tuple[dict[str, Any], str]:
+    """Run chaos: no problem found, every valid task's outputs at both stages, each link
+    sent, nothing overwritten or left behind. Its figures and its report."""
+    findings = command.run(config)
+    report = capsys.readouterr().out
+    assert findings.problems == [], report
+    figures = findings.figures
+    valid = config.tasks + config.slow_tasks + config.non_xml
+    assert figures["stage1 outputs"] == figures["stage2 outputs"] == valid
+    assert figures["chain links (sent)"] == valid
+    assert figures["objects overwritten"] == 0
+    assert figures["left on queues"] == 0
+    assert figures["DLQ entries without a reason"] == 0
+    return figures, report
+
+
+def _numbers(text: str) -> list[int]:
+    return [int(n) for n in re.findall(r"\d+", text)]
+
+
+def test_a_message_of_several_records_is_one_hold():
+    lines = [
+        _finished(10.0, 10.0, "committed", record=1, phases={"infer": 0.01}),
+        _finished(10.0, 10.0, "ignored", record=2, phases={}),
+    ]
+    (hold,) = verdict.holds("a", lines)
+    assert hold.computed and hold.outcome == "ignored"
+    assert verdict.lapses(verdict.holds("a", lines)) == []
 
 
 # -- reading holds and lapses from the logs ---------------------------------------------------

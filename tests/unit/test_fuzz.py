@@ -13,8 +13,11 @@ summary.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import io
 import json
+from typing import Any
+from urllib.parse import quote, quote_plus
 
 import numpy as np
 import orjson
@@ -25,11 +28,13 @@ from proving.sqs_rules import sendable_text, unsendable
 from sqsinfer.aws.sqs import REASON_ATTR, Message, dead_letter_copy
 from sqsinfer.compute import formats
 from sqsinfer.compute.errors import InputError
+from sqsinfer.events import Ignored, parse_body
 from sqsinfer.lab.synthetic import parquet_bytes
 from sqsinfer.limits import S3_MAX_KEY_BYTES
 from sqsinfer.messages import (
     OUTPUT_MARKER_RESERVE_BYTES,
     MessageRules,
+    Task,
     next_stage_body,
     parse_prefixes,
     parse_s3_uri,
@@ -45,6 +50,7 @@ RULES = MessageRules(
     output_prefix=parse_s3_uri("s3://data/out/", "out", prefix=True),
     max_message_bytes=4096,
 )
+SUFFIXES = (".npy", ".csv", ".json", ".jsonl", ".parquet", ".txt", "")
 FUZZ = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 json_values = st.recursive(
@@ -76,14 +82,24 @@ def parse_or_reject(body: str | bytes, rules: MessageRules = RULES) -> None:
     try:
         task = parse_task(body, rules)
     except InputError as rejected:
-        assert rejected.reason and rejected.detail
-        text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
-        copy = dead_letter_copy(Message("id", "rh", text or "-", 1), *rejected.args, "https://q")
-        assert unsendable(copy.body, copy.attributes, 262_144) == []
-        assert copy.attributes[REASON_ATTR]["StringValue"] == rejected.reason
+        check_rejected(body, rejected)
         CASES["message rejected"] += 1
         return
     CASES["message accepted"] += 1
+    check_task(task, rules)
+
+
+def check_rejected(body: str | bytes, rejected: InputError) -> None:
+    """A rejection has a reason and a detail, and its DLQ copy is one SQS takes."""
+    assert rejected.reason and rejected.detail
+    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
+    copy = dead_letter_copy(Message("id", "rh", text or "-", 1), *rejected.args, "https://q")
+    assert unsendable(copy.body, copy.attributes, 262_144) == []
+    assert copy.attributes[REASON_ATTR]["StringValue"] == rejected.reason
+
+
+def check_task(task: Task, rules: MessageRules) -> None:
+    """What an accepted task may ask for: keys S3 takes, messages SQS takes."""
     assert any(task.input.within(p) for p in rules.allowed_input_prefixes)
     assert any(task.output.within(p) for p in rules.allowed_output_prefixes)
     assert ".." not in task.output.key.split("/")
@@ -147,6 +163,95 @@ def test_pathological_bodies():
         json.dumps({"task_id": "t", "pad": "x" * 10_000}),
     ]:
         parse_or_reject(body)
+
+
+# -- S3 event notifications: every shape, any key, any record ------------------------------
+
+EVENT_RULES = dataclasses.replace(RULES, message_shape="auto")
+# Keys a producer writes: spaces, `+`, `=`, unicode, folders, under the allowed prefix.
+good_keys = st.builds(
+    lambda k, ext: f"in/{k}{ext}",
+    st.from_regex(r"[A-Za-z0-9 +=éü_.-]{1,12}(/[A-Za-z0-9 +=é_-]{1,12}){0,3}", fullmatch=True),
+    st.sampled_from(SUFFIXES[:5]),
+)
+keys = st.one_of(
+    good_keys,
+    good_keys,
+    st.text(max_size=60),
+    st.builds(lambda k, ext: f"in/{k}{ext}", st.text(max_size=40), st.sampled_from(SUFFIXES)),
+    st.builds(lambda k: "in/" + "x" * k + ".csv", st.integers(990, 1030)),  # near the limits
+)
+encoded_keys = st.one_of(keys.map(quote_plus), keys.map(lambda k: quote(k, safe="/")), keys)
+versions = st.one_of(st.none(), st.none(), st.just("null"), st.text(max_size=12), st.integers())
+event_names = st.sampled_from(
+    ["ObjectCreated:Put"] * 3
+    + ["s3:ObjectCreated:Copy", "ObjectRemoved:Delete", "ObjectTagging:Put", ""]
+)
+
+
+@st.composite
+def s3_records(draw: st.DrawFn) -> Any:
+    record: dict[str, Any] = {
+        "eventName": draw(event_names),
+        "s3": {
+            "bucket": {"name": draw(st.sampled_from(["data"] * 6 + ["other", "DATA", "a/b", ""]))},
+            "object": {"key": draw(encoded_keys), "versionId": draw(versions)},
+        },
+    }
+    if draw(st.booleans()):
+        record["eventSource"] = draw(st.sampled_from(["aws:s3", "aws:sqs"]))
+    return draw(st.one_of(st.just(record), json_values))
+
+
+@st.composite
+def event_bodies(draw: st.DrawFn) -> str:
+    records = {"Records": draw(st.lists(s3_records(), max_size=4))}
+    eventbridge = {
+        "source": draw(st.sampled_from(["aws.s3", "aws.ec2"])),
+        "detail-type": draw(st.sampled_from(["Object Created", "Object Deleted", 3])),
+        "detail": {
+            "bucket": {"name": "data"},
+            "object": {"key": draw(keys), "version-id": draw(versions)},
+        },
+    }
+    test = {"Service": "Amazon S3", "Event": "s3:TestEvent"}
+    inner = draw(st.sampled_from([records, records, eventbridge, test, draw(json_values)]))
+    if draw(st.booleans()):  # wrapped by SNS, raw delivery off
+        inner = {"Type": "Notification", "Message": json.dumps(inner)}
+    return json.dumps(inner)
+
+
+def parse_event_or_reject(body: str, rules: MessageRules = EVENT_RULES) -> None:
+    """Each record a task, an ignored event or a rejection whose copy SQS takes; or the
+    whole body rejected with a reason."""
+    try:
+        found = parse_body(body, rules)
+    except InputError as rejected:
+        check_rejected(body, rejected)
+        CASES["event body rejected"] += 1
+        return
+    for record in found.records:
+        if isinstance(record.item, Task):
+            check_task(record.item, rules)
+            assert record.item.from_event or found.shape == "sqsinfer"
+            CASES["event record accepted"] += 1
+        elif isinstance(record.item, Ignored):
+            CASES["event record ignored"] += 1
+        else:
+            check_rejected(record.alone() if record.raw is not None else body, record.item)
+            CASES["event record rejected"] += 1
+
+
+@FUZZ
+@given(event_bodies())
+def test_s3_event_notifications_of_every_shape(body):
+    parse_event_or_reject(body)
+
+
+@FUZZ
+@given(st.one_of(json_values.map(json.dumps), st.text(max_size=200)))
+def test_anything_as_an_event(body):
+    parse_event_or_reject(body)
 
 
 def decode_or_reject(

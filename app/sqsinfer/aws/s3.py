@@ -34,6 +34,7 @@ from sqsinfer.messages import S3Uri
 from sqsinfer.shm import Segments, SharedInput
 
 if TYPE_CHECKING:
+    from obstore import GetOptions
     from obstore.store import ClientConfig, S3CredentialProvider
 
 log = logging.getLogger("sqsinfer.storage")
@@ -161,12 +162,17 @@ class DataPath:
             raise
         self._on_call(operation, False)
 
-    async def get_shared(self, uri: S3Uri, max_bytes: int, segments: Segments) -> SharedInput:
+    async def get_shared(
+        self, uri: S3Uri, max_bytes: int, segments: Segments, version: str | None = None
+    ) -> SharedInput:
+        options: GetOptions = {"version": version} if version is not None else {}
         with self.counted("GetObject"):
             try:
-                result = await obstore.get_async(await self.store(uri.bucket), uri.key)
+                result = await obstore.get_async(
+                    await self.store(uri.bucket), uri.key, options=options
+                )
             except FileNotFoundError:
-                raise InputError("input_not_found", f"{uri} does not exist") from None
+                raise InputError("input_not_found", _not_found(uri, version)) from None
         chunks = result.stream(min_chunk_size=_CHUNK_BYTES)
         return await _into_shared(uri, int(result.meta["size"]), max_bytes, chunks, segments)
 
@@ -230,29 +236,35 @@ class Storage:
             dict(response.get("Metadata", {})), _age_s(response), str(response.get("ETag", ""))
         )
 
-    async def get_shared(self, uri: S3Uri, max_bytes: int) -> SharedInput:
-        """Stream an object into shared memory, refusing it when larger than `max_bytes`.
+    async def get_shared(
+        self, uri: S3Uri, max_bytes: int, version: str | None = None
+    ) -> SharedInput:
+        """Stream an object (that version of it, when given) into shared memory, refusing
+        it when larger than `max_bytes`.
 
         The SDK retries a GET that fails before its body, not one whose body breaks off
         half-way; that is retried here, once, before the task is given up as transient.
         """
         for attempt in range(_BODY_ATTEMPTS):
             try:
-                return await self._get_shared_once(uri, max_bytes)
+                return await self._get_shared_once(uri, max_bytes, version)
             except _BROKEN_BODY as exc:
                 if attempt + 1 == _BODY_ATTEMPTS:
                     raise
                 log.debug(Event.GET_BODY_BROKE_OFF, extra={"uri": str(uri), "error": str(exc)})
         raise AssertionError("unreachable")  # pragma: no cover
 
-    async def _get_shared_once(self, uri: S3Uri, max_bytes: int) -> SharedInput:
+    async def _get_shared_once(
+        self, uri: S3Uri, max_bytes: int, version: str | None
+    ) -> SharedInput:
         if self.data is not None:
-            return await self.data.get_shared(uri, max_bytes, self.segments)
+            return await self.data.get_shared(uri, max_bytes, self.segments, version)
+        which = {"VersionId": version} if version is not None else {}
         try:
-            response = await self.client.get_object(Bucket=uri.bucket, Key=uri.key)
+            response = await self.client.get_object(Bucket=uri.bucket, Key=uri.key, **which)
         except ClientError as exc:
-            if error_code(exc) in ("NoSuchKey", "404") or http_status(exc) == 404:
-                raise InputError("input_not_found", f"{uri} does not exist") from None
+            if error_code(exc) in ("NoSuchKey", "NoSuchVersion", "404") or http_status(exc) == 404:
+                raise InputError("input_not_found", _not_found(uri, version)) from None
             raise
         body = response["Body"]
         async with body:
@@ -308,6 +320,10 @@ class Storage:
                 )
                 await asyncio.sleep(_CONFLICT_BACKOFF.delay_s(attempt))
         raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _not_found(uri: S3Uri, version: str | None) -> str:
+    return f"{uri} version {version} does not exist" if version else f"{uri} does not exist"
 
 
 async def _into_shared(

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -87,6 +87,73 @@ def create_bucket(s3: Any, name: str, *, versioned: bool = False) -> str:
     if versioned:  # an overwrite would then show as a second version
         s3.put_bucket_versioning(Bucket=name, VersioningConfiguration={"Status": "Enabled"})
     return name
+
+
+# -- a bucket's event notifications ----------------------------------------------------------
+
+
+def queue_arn(sqs: Any, url: str) -> str:
+    return str(
+        sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"][
+            "QueueArn"
+        ]
+    )
+
+
+def notify_queue(endpoint: str, bucket: str, queue_url: str, *, prefix: str) -> None:
+    """The bucket sends an event for each object created under `prefix` to the queue (S3
+    sends an s3:TestEvent first)."""
+    s3, sqs = standin.clients(endpoint)
+    configuration = {
+        "QueueConfigurations": [{"QueueArn": queue_arn(sqs, queue_url), **_created_under(prefix)}]
+    }
+    s3.put_bucket_notification_configuration(Bucket=bucket, NotificationConfiguration=configuration)
+
+
+def notify_through_sns(
+    endpoint: str, bucket: str, subscriptions: Sequence[tuple[str, bool]], *, prefix: str
+) -> str:
+    """The bucket's events for objects created under `prefix` go to a new SNS topic, which
+    delivers them to each subscribed queue URL, raw (the S3 body itself) where its flag is
+    True. One queue may be subscribed twice."""
+    s3, sqs = standin.clients(endpoint)
+    sns = standin.client("sns", endpoint)
+    topic = str(sns.create_topic(Name=f"{bucket}-events")["TopicArn"])
+    for url, raw in subscriptions:
+        sns.subscribe(
+            TopicArn=topic,
+            Protocol="sqs",
+            Endpoint=queue_arn(sqs, url),
+            Attributes={"RawMessageDelivery": "true" if raw else "false"},
+        )
+    configuration = {"TopicConfigurations": [{"TopicArn": topic, **_created_under(prefix)}]}
+    s3.put_bucket_notification_configuration(Bucket=bucket, NotificationConfiguration=configuration)
+    return topic
+
+
+def notify_through_eventbridge(endpoint: str, bucket: str, queue_url: str, *, prefix: str) -> None:
+    """The bucket sends its events to EventBridge; a rule on the default bus hands those
+    of objects under `prefix`, created or deleted, to the queue."""
+    s3, sqs = standin.clients(endpoint)
+    events = standin.client("events", endpoint)
+    pattern = {
+        "source": ["aws.s3"],
+        "detail-type": ["Object Created", "Object Deleted"],
+        "detail": {"bucket": {"name": [bucket]}, "object": {"key": [{"prefix": prefix}]}},
+    }
+    rule = f"{bucket}-objects"
+    events.put_rule(Name=rule, EventPattern=json.dumps(pattern))
+    events.put_targets(Rule=rule, Targets=[{"Id": "queue", "Arn": queue_arn(sqs, queue_url)}])
+    s3.put_bucket_notification_configuration(
+        Bucket=bucket, NotificationConfiguration={"EventBridgeConfiguration": {}}
+    )
+
+
+def _created_under(prefix: str) -> dict[str, Any]:
+    return {
+        "Events": ["s3:ObjectCreated:*"],
+        "Filter": {"Key": {"FilterRules": [{"Name": "prefix", "Value": prefix}]}},
+    }
 
 
 def put_objects(s3: Any, bucket: str, objects: Mapping[str, bytes], threads: int = 8) -> list[str]:

@@ -10,7 +10,9 @@ connection after one answer. AWS keeps connections alive, and a client that open
 new TCP connection per call spends a good share of its CPU on connecting (about 14 %
 of the worker's own, measured). `python -m sqsinfer.lab.standin` starts moto's server
 speaking HTTP/1.1 with keep-alive instead, for every command and test alike, and with
-its SQS calls and object writes made atomic (`make_atomic`), as AWS's are.
+its SQS calls and object writes made atomic (`make_atomic`), as AWS's are. Its S3 sends
+a bucket's event notifications (to SQS directly, through SNS, or to EventBridge's rules)
+as AWS does, version ids and delete markers included (`send_events_as_aws_does`).
 """
 
 from __future__ import annotations
@@ -68,16 +70,22 @@ def use_fake_credentials() -> None:
 
 def clients(endpoint: str, region: str = REGION) -> tuple[Any, Any]:
     """Sync S3 and SQS clients for an endpoint, with the fake credentials a stand-in takes."""
+    return client("s3", endpoint, region), client("sqs", endpoint, region)
+
+
+def client(service: str, endpoint: str, region: str = REGION) -> Any:
+    """A sync client of `service` (s3, sqs, sns, events) for an endpoint, with the fake
+    credentials a stand-in takes."""
     import boto3
 
-    kw = {
-        "endpoint_url": endpoint,
-        "region_name": region,
-        "aws_access_key_id": FAKE_CREDENTIALS["AWS_ACCESS_KEY_ID"],
-        "aws_secret_access_key": FAKE_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
-        "aws_session_token": FAKE_CREDENTIALS["AWS_SESSION_TOKEN"],
-    }
-    return boto3.client("s3", **kw), boto3.client("sqs", **kw)
+    return boto3.client(
+        service,
+        endpoint_url=endpoint,
+        region_name=region,
+        aws_access_key_id=FAKE_CREDENTIALS["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=FAKE_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+        aws_session_token=FAKE_CREDENTIALS["AWS_SESSION_TOKEN"],
+    )
 
 
 def has_local_extra(command: str, modules: tuple[str, ...] = LOCAL_MODULES) -> bool:
@@ -254,6 +262,7 @@ def serve(argv: list[str]) -> None:
     os.environ.setdefault("MOTO_PORT", str(args.port))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     make_atomic()
+    send_events_as_aws_does()
     app = DomainDispatcherApplication(create_backend_app)
     run_simple(args.host, args.port, app, threaded=True, request_handler=_keep_alive_handler())
 
@@ -302,6 +311,45 @@ def make_atomic() -> None:
     # A PUT (its If-None-Match and If-Match checks) and a multipart upload's completion.
     for name in ("put_object", "_key_response_post"):
         setattr(S3Response, name, under(s3_writes, getattr(S3Response, name)))
+
+
+def send_events_as_aws_does() -> None:
+    """Make moto's S3 event notifications what AWS sends: each record names the object's
+    version id in a versioned bucket (moto leaves it out; its EventBridge events have it),
+    and a delete that leaves a delete marker sends `ObjectRemoved:DeleteMarkerCreated`
+    (moto sends nothing).
+
+    A notification goes out from within the S3 call, under the lock on object writes, to
+    SQS's backend (under its lock) directly or through SNS or EventBridge: SQS's calls
+    never wait for an S3 write, so the two locks are always taken in that one order.
+    """
+    import types
+
+    from moto.s3 import notifications
+    from moto.s3.models import S3Backend
+
+    made = notifications._get_s3_event
+
+    def with_version(event_name: str, bucket: Any, key: Any, notification_id: str) -> Any:
+        body = made(event_name, bucket, key, notification_id)
+        version = getattr(key, "version_id", None)
+        if version not in (None, "null"):
+            for record in body["Records"]:
+                record["s3"]["object"]["versionId"] = version
+        return body
+
+    set_marker = S3Backend._set_delete_marker
+
+    def marker_with_event(self: Any, bucket_name: str, key_name: str) -> Any:
+        marker = set_marker(self, bucket_name, key_name)
+        # What the event describes: the marker (no content: no ETag, no size).
+        named = types.SimpleNamespace(name=key_name, etag="", size=0, version_id=marker.version_id)
+        removed = notifications.S3NotificationEvent.OBJECT_REMOVED_DELETE_MARKER_CREATED_EVENT
+        notifications.send_event(self.account_id, removed, self.get_bucket(bucket_name), named)
+        return marker
+
+    notifications._get_s3_event = with_version
+    S3Backend._set_delete_marker = marker_with_event  # type: ignore[method-assign]
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ def message_rules(s: config.Settings, found: Dependencies) -> MessageRules:
         output_suffix=s.output_suffix,
         max_message_bytes=s.max_message_bytes,
         dead_letter_max_bytes=found.dlq_max_message_bytes,
+        message_shape=s.message_shape,
     )
 
 

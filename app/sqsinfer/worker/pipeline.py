@@ -10,6 +10,12 @@
     transient failure ─▶ visibility backoff (retried); on the last receive the redrive
         policy allows: DLQ with reason `retries_exhausted` (rejected)
     shutdown ─▶ visibility 0 (released)
+    an S3 event that names no new object (a test event, a removal) ─▶ delete (ignored)
+
+A message of several S3 event records runs them one after another under its one slot,
+each through the same steps to its own outcome, and is settled once all have ended: any
+retried ─▶ handed back with the backoff (those committed are duplicates next time);
+otherwise each rejected record is copied to the DLQ alone, and the message deleted.
 
 A message holds one of the worker's slots until its result is committed (or its outcome
 otherwise decided): the chain link and the delete run after `Held.release_slot`.
@@ -24,6 +30,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import functools
 import logging
 import time
 import uuid
@@ -32,15 +40,15 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from sqsinfer import backoff, tracing
+from sqsinfer import backoff, events, tracing
 from sqsinfer.aws.s3 import ObjectInfo, Storage
 from sqsinfer.aws.session import error_code
-from sqsinfer.aws.sqs import Message, Sender, SqsQueue, dead_letter_copy
+from sqsinfer.aws.sqs import DeadLetter, Message, Sender, SqsQueue, dead_letter_copy
 from sqsinfer.compute import formats, inference
 from sqsinfer.compute.errors import InputError
 from sqsinfer.config import Settings
 from sqsinfer.logs import Event
-from sqsinfer.messages import MessageRules, S3Uri, Task, parse_task
+from sqsinfer.messages import MessageRules, S3Uri, Task
 from sqsinfer.metrics import Metrics, Phase
 from sqsinfer.outcomes import Outcome
 from sqsinfer.worker.chain import Delivery, Linker, LinkNotSent
@@ -110,10 +118,15 @@ class Held:
     on_take: Callable[[Held], None] | None = field(default=None, repr=False)
     slot_released: bool = False
     releasing: bool = False  # the worker cancelled it to hand its message back
+    # A message of several records: how each has ended so far (None: one task).
+    records: Records | None = None
 
     def release_slot(self) -> None:
         """The input is no longer needed and the outcome decided: what is left (the chain
-        link, the delete) runs without a slot. Idempotent."""
+        link, the delete) runs without a slot. Idempotent. A message of several records
+        keeps its slot until the last of them has ended."""
+        if self.records is not None and self.records.running:
+            return
         if not self.slot_released:
             self.slot_released = True
             if self.on_release is not None:
@@ -148,6 +161,67 @@ class Held:
         """The write decides: a delivery that wrote the output is `committed`, however its
         message was settled (a failed delete, a retried link, the DLQ on its last receive)."""
         return Outcome.COMMITTED if self.wrote else outcome
+
+
+@dataclass(frozen=True)
+class RecordEnd:
+    """How one record of a message of several ended."""
+
+    record: events.Record
+    task_id: str | None
+    outcome: Outcome
+    reason: str = ""
+    detail: str = ""
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Records:
+    """The records of one message, run one after another: while one runs, its settles
+    (a delete, a DLQ copy, a hand-back) are noted here, not made."""
+
+    body: events.Body
+    ended: list[RecordEnd] = field(default_factory=list)
+    detail: str = ""  # why the running record was rejected or retried
+    stopped: bool = False  # no record runs any more: the message itself is settled next
+
+    @property
+    def running(self) -> bool:
+        return not self.stopped and len(self.ended) < len(self.body.records)
+
+    def note(self, detail: str, outcome: Outcome) -> Outcome:
+        self.detail = detail
+        return outcome
+
+    def end(self, held: Held, outcome: Outcome) -> None:
+        """The running record ended in `outcome` (committed if its write stood)."""
+        n, count = len(self.ended) + 1, len(self.body.records)
+        record = self.body.records[n - 1]
+        detail = f"record {n} of {count}: {self.detail}" if self.detail else ""
+        task_id = held.task.task_id if held.task else None
+        final = held.final(outcome)
+        self.ended.append(RecordEnd(record, task_id, final, held.reason, detail, held.timings))
+        self.detail = ""
+
+    def end_rest(self, held: Held, outcome: Outcome) -> None:
+        """Every record not ended yet ends as the message did (the running one committed
+        if its write stood): cancelled part-way, the message was handed back."""
+        self.stopped = True
+        while len(self.ended) < len(self.body.records):
+            self.end(held, outcome)
+            held.task, held.wrote, held.timings = None, False, {}
+
+    def rejected(self) -> list[RecordEnd]:
+        return [e for e in self.ended if e.outcome == Outcome.REJECTED]
+
+    def hand_back(self) -> None:
+        """The message goes back for a record to be retried: a record refused meanwhile is
+        not copied to the DLQ now (it will be once the message is settled), so it ends
+        `retried` with its reason, as the message does."""
+        self.ended = [
+            dataclasses.replace(e, outcome=Outcome.RETRIED) if e.outcome == Outcome.REJECTED else e
+            for e in self.ended
+        ]
 
 
 class Timer:
@@ -232,21 +306,27 @@ class Pipeline:
 
     async def _handle(self, held: Held) -> Outcome:
         try:
-            outcome = await self._process(held)
+            outcome = await self._process(held, self._work)
         except asyncio.CancelledError:
             # The message must still be handed back even though this task was cancelled.
             outcome = await asyncio.shield(self._settle_cancelled(held))
+        if held.records is not None:  # each record has its own outcome
+            held.records.stopped = True
+            held.release_slot()
+            self._record_each(held, held.records)
+            self._ended(held)  # the last record's delivery (each before it was told at its end)
+            return outcome
         held.release_slot()
         outcome = held.final(outcome)
         self._record(held, outcome)
         self._ended(held)
         return outcome
 
-    async def _process(self, held: Held) -> Outcome:
+    async def _process(self, held: Held, work: Callable[[Held], Awaitable[Outcome]]) -> Outcome:
+        """`work` to its outcome: a permanent problem rejected, any other error retried."""
         try:
             try:
-                held.task = parse_task(held.message.body, self.rules)
-                return await self._run(held, held.task)
+                return await work(held)
             except InputError as exc:
                 return await self._reject(held, exc.reason, exc.detail)
         except BaseException as exc:  # transient by default: bounded by the redrive policy
@@ -259,6 +339,23 @@ class Pipeline:
             held.reason = code or type(exc).__name__
             log.warning(Event.TASK_FAILED, extra=self._ids(held) | {"error": str(exc)})
             return await self._retry(held, f"{held.reason}: {exc}")
+
+    async def _work(self, held: Held) -> Outcome:
+        body = events.parse_body(held.message.body, self.rules)
+        self._count_events(body)
+        if len(body.records) > 1:
+            return await self._run_records(held, body)
+        return await self._run_item(held, body.records[0].item)
+
+    async def _run_item(self, held: Held, item: Task | events.Ignored | InputError) -> Outcome:
+        """One task of a message (or an event it ignores, or why it is refused), settled."""
+        if isinstance(item, InputError):
+            raise item
+        if isinstance(item, events.Ignored):
+            log.info(Event.EVENT_IGNORED, extra=self._ids(held) | {"event": item.event})
+            return await self._finish(held, Outcome.IGNORED)
+        held.task = item
+        return await self._finish(held, await self._run(held, item))
 
     async def _run(self, held: Held, task: Task) -> Outcome:
         waited = self.outputs.busy(task.output)
@@ -294,10 +391,12 @@ class Pipeline:
             held.release_slot()
             self._check_owner(task, existing)
             await self._chain(held, task)
-            return await self._finish(held, Outcome.DUPLICATE)
+            return Outcome.DUPLICATE
         held.step = Step.FETCHING
         with Timer(held, self.metrics, Phase.S3_GET):
-            shared = await self.storage.get_shared(task.input, self.settings.max_input_bytes)
+            shared = await self.storage.get_shared(
+                task.input, self.settings.max_input_bytes, task.input_version
+            )
         with shared:
             result = await self._infer(held, task, shared.name, shared.size)
         held.step = Step.COMMITTING
@@ -305,7 +404,7 @@ class Pipeline:
             held.wrote = await self._commit(held, task, result["body"])
         held.release_slot()
         await self._chain(held, task)
-        return await self._finish(held, Outcome.DUPLICATE)  # committed when it wrote
+        return Outcome.DUPLICATE  # committed when it wrote
 
     async def _commit(self, held: Held, task: Task, body: bytes) -> bool:
         """The conditional put of the output. True when this delivery's write stands."""
@@ -324,13 +423,17 @@ class Pipeline:
 
     @staticmethod
     def _check_owner(task: Task, existing: ObjectInfo) -> None:
-        """An existing output is this task's (a duplicate) or a conflict: never handed on."""
+        """An existing output is this task's (a duplicate) or a conflict: never handed on.
+        An event's output is this event's only when made from the same input and version."""
         owner = existing.metadata.get("task-id")
         if owner != task.task_id:
             whose = f"task {owner!r}" if owner else "no task (no task-id metadata)"
             raise InputError(
                 OUTPUT_CONFLICT, f"{task.output} already exists and belongs to {whose}"
             )
+        other_input = events.provenance_conflict(task, existing.metadata)
+        if other_input:
+            raise InputError(OUTPUT_CONFLICT, other_input)
 
     async def _infer(self, held: Held, task: Task, shm_name: str, size: int) -> dict[str, Any]:
         held.step = Step.WAITING
@@ -398,6 +501,8 @@ class Pipeline:
                 held.under_way = None
 
     async def _finish(self, held: Held, outcome: Outcome) -> Outcome:
+        if held.records is not None and held.records.running:
+            return outcome  # the message is deleted once all its records have ended
         held.outcome = outcome
         held.step = Step.SETTLED
         held.release_slot()  # the delete holds no slot
@@ -413,6 +518,8 @@ class Pipeline:
 
     async def _reject(self, held: Held, reason: str, detail: str) -> Outcome:
         held.reason = reason
+        if held.records is not None and held.records.running:
+            return held.records.note(detail, Outcome.REJECTED)  # copied once all have ended
         held.step = Step.REJECTING
         held.release_slot()
         copy = dead_letter_copy(
@@ -447,6 +554,10 @@ class Pipeline:
 
     async def _retry(self, held: Held, error: str) -> Outcome:
         held.release_slot()
+        if held.records is not None and held.records.running:
+            if self._last_receive(held):  # as for a message: with a reason, not moved bare
+                return await self._reject(held, RETRIES_EXHAUSTED, error)
+            return held.records.note(error, Outcome.RETRIED)
         if self._last_receive(held):
             # The redrive policy would move it on its next receive, without a reason.
             reason = held.reason
@@ -455,6 +566,10 @@ class Pipeline:
             except Exception as exc:  # then the redrive policy moves it after all
                 held.reason = reason
                 log.warning(Event.DLQ_COPY_FAILED, extra=self._ids(held) | {"error": str(exc)})
+        return await self._back_off(held)
+
+    async def _back_off(self, held: Held) -> Outcome:
+        """Make the message visible again after the backoff of its receive count."""
         held.outcome = Outcome.RETRIED
         delay = self.retry_delay_s(held.message.receive_count)
         try:
@@ -465,6 +580,24 @@ class Pipeline:
 
     async def _settle_cancelled(self, held: Held) -> Outcome:
         """Hand the message of a cancelled task back, unless its work is already done."""
+        run = held.records
+        if run is None or not run.running:
+            return await self._settle_message_cancelled(held)
+        # Cancelled during one of several records: the message goes back whatever that
+        # record's step (a link under way may land first), and the records not ended yet
+        # end as it does; those committed are duplicates on its next delivery.
+        pending = held.under_way
+        if pending is not None:
+            await self._under_way_done(held)
+            held.under_way = None  # it settles no message: the message goes back
+        run.stopped = True
+        outcome = await self._settle_message_cancelled(held)
+        run.end_rest(held, outcome)
+        if pending is not None and not pending[0].done():
+            held.under_way = pending  # `_ended` waits for it before its link may be taken
+        return outcome
+
+    async def _settle_message_cancelled(self, held: Held) -> Outcome:
         if held.step == Step.SETTLED and held.outcome is not None:
             return held.outcome  # already deleted (or its deletion is under way)
         if held.under_way is not None and await self._under_way_done(held):
@@ -508,6 +641,67 @@ class Pipeline:
         await asyncio.wait({future}, timeout=_UNDER_WAY_WAIT_S)
         return future.done() and not future.cancelled() and future.exception() is None
 
+    # -- a message of several records -------------------------------------------------
+    async def _run_records(self, held: Held, body: events.Body) -> Outcome:
+        """Each record through the steps of a message of its own (its settles noted), one
+        after another under the message's slot; then the message is settled."""
+        run = held.records = Records(body)
+        try:
+            for record in body.records:
+                held.task, held.wrote, held.reason, held.timings = None, False, "", {}
+                held.delivery_id = uuid.uuid4().hex  # each record's write is its own
+                run_it = functools.partial(self._run_item, item=record.item)
+                run.end(held, await self._process(held, run_it))
+                self._ended(held)  # nothing of this record's delivery runs any more
+        finally:
+            run.stopped = True
+        if any(e.outcome == Outcome.RETRIED for e in run.ended):
+            run.hand_back()
+            held.release_slot()
+            return await self._back_off(held)
+        rejected = run.rejected()
+        if rejected:
+            held.step = Step.REJECTING
+            held.release_slot()
+            # A cancel now waits for the copies, then deletes the message (`_under_way`).
+            await self._under_way(held, self._copy_records(held, rejected), Outcome.DUPLICATE)
+        return await self._finish(held, Outcome.DUPLICATE)
+
+    async def _copy_records(self, held: Held, rejected: list[RecordEnd]) -> None:
+        """Copy each rejected record to the DLQ alone, as S3's body of one record."""
+        copies = [self._record_copy(held, end) for end in rejected]
+        await asyncio.gather(*(self.dead_letters.send(c.body, c.attributes) for c in copies))
+        for end in rejected:
+            self.metrics.rejections.labels(end.reason).inc()
+            log.info(
+                Event.MESSAGE_REJECTED,
+                extra=self._ids(held)
+                | {"task_id": end.task_id, "reason": end.reason, "detail": end.detail},
+            )
+
+    def _record_copy(self, held: Held, end: RecordEnd) -> DeadLetter:
+        alone = dataclasses.replace(held.message, body=end.record.alone())
+        return dead_letter_copy(
+            alone, end.reason, end.detail, self.queue.url, self.rules.dead_letter_max_bytes
+        )
+
+    def _record_each(self, held: Held, run: Records) -> None:
+        elapsed = time.monotonic() - held.message.received_at
+        for n, end in enumerate(run.ended, start=1):
+            self.metrics.outcome(end.outcome, elapsed)
+            fields = self._ids(held) | {"task_id": end.task_id, "record": n}
+            fields |= {"records": len(run.ended), "outcome": end.outcome}
+            fields["seconds"] = round(elapsed, 6)
+            if end.reason:
+                fields["reason"] = end.reason
+            fields["phases"] = end.timings
+            log.info(Event.TASK_FINISHED, extra=fields)
+
+    def _count_events(self, body: events.Body) -> None:
+        if body.shape in events.EVENT_SHAPES:
+            for record in body.records:
+                self.metrics.events.labels(body.shape, record.kind).inc()
+
     # -- bookkeeping ------------------------------------------------------------------
     def _metadata(self, held: Held) -> dict[str, str]:
         assert held.task is not None
@@ -517,14 +711,17 @@ class Pipeline:
             "message-id": held.message.message_id,
             "worker": self.settings.worker_id,
             "delivery": held.delivery_id,
-        }
+        } | events.provenance(held.task)
 
     def _ids(self, held: Held) -> dict[str, Any]:
-        return {
+        ids = {
             "task_id": held.task.task_id if held.task else None,
             "message_id": held.message.message_id,
             "receive_count": held.message.receive_count,
         }
+        if held.records is not None and held.records.running:
+            ids["record"] = len(held.records.ended) + 1  # of a message of several
+        return ids
 
     def _ended(self, held: Held) -> None:
         """Tell the linker this delivery has ended, once its send (if one is still under
