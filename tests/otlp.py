@@ -38,6 +38,8 @@ class Span:
 
 def _value(value: AnyValue) -> Any:
     kind = value.WhichOneof("value")
+    if kind == "array_value":
+        return [_value(item) for item in value.array_value.values]
     return getattr(value, kind) if kind else None
 
 

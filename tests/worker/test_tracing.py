@@ -37,9 +37,10 @@ ERROR = 2  # STATUS_CODE_ERROR
 
 def _input(stage: Stage, name: str, seconds: float = 0.0) -> str:
     """An input of 3 rows; the scripted handler sleeps `seconds` on it (a row's sum is its
-    prediction, so the first of the output is 0: the next stage computes it at once)."""
-    rows = np.full((3, 4), 1.0, dtype=np.float32)
-    rows[0, 0] = seconds or -3.0
+    prediction, so the first of the output is 0: the next stage computes it at once).
+    -1.5 is none of the handler's scripted failures."""
+    rows = np.full((3, 4), 0.5, dtype=np.float32)
+    rows[0, 0] = seconds or -1.5
     return stage.put_input(name, synthetic.encode_input(rows, "npy"))
 
 
@@ -66,6 +67,17 @@ def _children(spans: list[Span], parent: Span) -> dict[str, Span]:
         for s in spans
         if s.parent_id == parent.span_id and not s.name.startswith("process ")
     }
+
+
+def _next_stage(stage: Stage, make_settings: Any) -> Any:
+    """The settings of the second stage: the first stage's outputs are its inputs."""
+    return make_settings(
+        handler=SCRIPTED,
+        worker_id="two",
+        queue_url=stage.next_url,
+        allowed_input_prefixes=f"s3://{stage.bucket}/out/",
+        output_prefix=f"s3://{stage.bucket}/out2/",
+    )
 
 
 async def _enqueue(stage: Stage, tmp_path: Any, tasks: list[dict[str, Any]]) -> None:
@@ -120,13 +132,7 @@ async def test_one_trace_per_task_from_enqueue_through_two_stages_and_the_dlq(
     logging.getLogger().addHandler(caplog.handler)
 
     first = make_settings(handler=SCRIPTED, next_queue_url=stage.next_url, worker_id="one")
-    second = make_settings(
-        handler=SCRIPTED,
-        worker_id="two",
-        queue_url=stage.next_url,
-        allowed_input_prefixes=f"s3://{b}/out/",
-        output_prefix=f"s3://{b}/out2/",
-    )
+    second = _next_stage(stage, make_settings)
     async with running(first) as one, running(second) as two:
         await eventually(
             lambda: (
@@ -195,6 +201,80 @@ async def test_one_trace_per_task_from_enqueue_through_two_stages_and_the_dlq(
     }
     assert process_ids  # every span was ended: an open one is never exported
     assert all(s.end_ns >= s.start_ns > 0 for s in spans)
+
+
+def _s3_record(stage: Stage, key: str, name: str = "ObjectCreated:Put") -> dict[str, Any]:
+    return {
+        "eventVersion": "2.1",
+        "eventSource": "aws:s3",
+        "eventName": name,
+        "s3": {"bucket": {"name": stage.bucket}, "object": {"key": key}},
+    }
+
+
+async def test_an_s3_event_of_several_records_has_a_span_per_record_each_in_its_trace(
+    stage: Stage, make_settings, otlp: OtlpReceiver
+):
+    """A message of several S3 event records: each record a span of its own within the
+    message's, its steps, its next-stage task and its DLQ copy in it; an ignored event
+    (a removal, S3's test event) named on its span."""
+    _input(stage, "m.npy")
+    records = [
+        _s3_record(stage, "in/m.npy"),
+        _s3_record(stage, "in/gone.npy", "ObjectRemoved:Delete"),
+        _s3_record(stage, "secret/x.npy"),  # outside the input prefixes: rejected
+    ]
+    stage.send({"Records": records})
+    test_event = stage.send({"Service": "Amazon S3", "Event": "s3:TestEvent", "Bucket": "b"})
+    first = make_settings(
+        handler=SCRIPTED, message_shape="s3-event", next_queue_url=stage.next_url, worker_id="one"
+    )
+    second = _next_stage(stage, make_settings)
+    async with running(first) as one, running(second) as two:
+        await eventually(
+            lambda: (
+                one.metrics.outcomes == {"committed": 1, "ignored": 2, "rejected": 1}
+                and outcome_count(two, "committed") == 1
+                and stage.counts(stage.queue_url) == (0, 0)
+            )
+        )
+    spans = received(otlp)
+    queue = stage.queue_url.rsplit("/", 1)[1]
+    tasks = {s.attributes["messaging.message.id"]: s for s in spans if s.name == f"process {queue}"}
+    ignored = tasks.pop(test_event)
+    assert ignored.attributes["sqsinfer.outcome"] == "ignored"
+    assert ignored.attributes["sqsinfer.event"] == "s3:TestEvent"
+    assert ignored.status_code != ERROR
+    (message,) = tasks.values()
+    assert message.attributes["sqsinfer.shape"] == "s3"
+    assert message.attributes["sqsinfer.records"] == 3
+    assert message.attributes["sqsinfer.outcomes"] == ["committed", "ignored", "rejected"]
+    assert message.status_code == ERROR
+    found = sorted(
+        (s for s in spans if s.name == "record" and s.parent_id == message.span_id),
+        key=lambda s: s.attributes["sqsinfer.record"],
+    )
+    assert [s.attributes["sqsinfer.outcome"] for s in found] == ["committed", "ignored", "rejected"]
+    scored, removal, refused = found
+    assert all(message.contains(s) and s.trace_id == message.trace_id for s in found)
+    assert scored.end_ns <= removal.start_ns and removal.end_ns <= refused.start_ns  # in turn
+    assert scored.attributes["sqsinfer.task_id"] == "m"
+    steps = _children(spans, scored)
+    assert {"GET input", "compute", "PUT output", "chain link"} <= set(steps)
+    assert all(scored.contains(s) for s in steps.values())
+    assert removal.attributes["sqsinfer.event"] == "ObjectRemoved:Delete"
+    assert (refused.attributes["sqsinfer.reason"], refused.status_code) == (
+        "input_not_allowed",
+        ERROR,
+    )
+    # The next stage's task is the committed record's child; the DLQ copy the refused one's.
+    next_queue = stage.next_url.rsplit("/", 1)[1]
+    (next_task,) = [s for s in spans if s.name == f"process {next_queue}"]
+    assert (next_task.trace_id, next_task.parent_id) == (message.trace_id, scored.span_id)
+    (dead,) = stage.drain_queue(stage.dlq_url)
+    value = dead["MessageAttributes"]["traceparent"]["StringValue"]
+    assert parse_traceparent(value) == (message.trace_id, refused.span_id)
+    assert f"SendMessage {stage.dlq_url.rsplit('/', 1)[1]}" in _children(spans, refused)
 
 
 X_RAY = "Root=1-5759e988-bd862e3fe1be46a994272793;Parent=53995c3f42cd8ad8;Sampled=1"

@@ -77,8 +77,20 @@ class TaskTrace:
         """This task's context as SQS message attributes, for a message it sends on."""
         return {}
 
+    def note(self, attributes: Mapping[str, str]) -> None:
+        """Facts of the task found on the way (what an S3 event was)."""
+
+    def child(self, name: str, attributes: Mapping[str, Any]) -> TaskTrace:
+        """A span within this one, started now, with steps of its own (a record of a
+        message of several): it ends by its own `finish` and `end`, as a task does."""
+        return self
+
     def finish(self, outcome: str, reason: str, seconds: float, task: Task | None) -> None:
         """The outcome, `seconds` after the receive; `end` ends the span there."""
+
+    def finish_records(self, outcomes: Sequence[str], seconds: float) -> None:
+        """A message of several records (each a `child`), ended in these outcomes `seconds`
+        after the receive; `end` ends the span there."""
 
     def end(self, error: str = "") -> None:
         """End the span (idempotent; at once when `finish` was not called); `error` marks

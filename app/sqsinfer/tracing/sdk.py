@@ -334,6 +334,27 @@ class SdkTask(TaskTrace):
             }
         return self._outgoing
 
+    def note(self, attributes: Mapping[str, str]) -> None:
+        if self.recording:
+            self._span.set_attributes(attributes)
+
+    def child(self, name: str, attributes: Mapping[str, Any]) -> TaskTrace:
+        start = time.time_ns()
+        span = self._tracer.start_span(
+            name, self._context, SpanKind.INTERNAL, attributes, start_time=start
+        )
+        return SdkTask(self._tracer, self._steps, span, start)
+
+    def finish_records(self, outcomes: Sequence[str], seconds: float) -> None:
+        self._end_ns = self._start_ns + _ns(seconds)
+        if not self.recording:
+            return
+        listed = [str(outcome) for outcome in outcomes]
+        self._span.set_attributes({"sqsinfer.records": len(listed), "sqsinfer.outcomes": listed})
+        failed = sum(outcome in _FAILED for outcome in outcomes)
+        if failed:
+            self._span.set_status(Status(StatusCode.ERROR, f"{failed} of {len(listed)} records"))
+
     def finish(self, outcome: str, reason: str, seconds: float, task: Task | None) -> None:
         self._end_ns = self._start_ns + _ns(seconds)
         if not self.recording:

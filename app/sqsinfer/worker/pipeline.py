@@ -120,6 +120,9 @@ class Held:
     releasing: bool = False  # the worker cancelled it to hand its message back
     # A message of several records: how each has ended so far (None: one task).
     records: Records | None = None
+    # The span of the record running now, and when it started (a message of several).
+    record_trace: tracing.TaskTrace | None = field(default=None, repr=False)
+    record_started: float = 0.0
 
     def release_slot(self) -> None:
         """The input is no longer needed and the outcome decided: what is left (the chain
@@ -134,8 +137,9 @@ class Held:
 
     @property
     def trace(self) -> tracing.TaskTrace:
-        """Its task's trace (`tracing.NO_TRACE` while tracing is off)."""
-        return self.message.trace
+        """Its task's trace (`tracing.NO_TRACE` while tracing is off): the message's, or
+        the running record's span within it."""
+        return self.message.trace if self.record_trace is None else self.record_trace
 
     def take_slot(self) -> None:
         """Hold a slot again after giving it back to wait (`Step.WAITING_OUTPUT`). The
@@ -173,6 +177,8 @@ class RecordEnd:
     reason: str = ""
     detail: str = ""
     timings: dict[str, float] = field(default_factory=dict)
+    trace: tracing.TaskTrace = tracing.NO_TRACE  # its span (NO_TRACE: it never ran)
+    seconds: float = 0.0  # from its start to its end
 
 
 @dataclass
@@ -200,7 +206,10 @@ class Records:
         detail = f"record {n} of {count}: {self.detail}" if self.detail else ""
         task_id = held.task.task_id if held.task else None
         final = held.final(outcome)
-        self.ended.append(RecordEnd(record, task_id, final, held.reason, detail, held.timings))
+        trace, held.record_trace = held.record_trace or tracing.NO_TRACE, None
+        seconds = time.monotonic() - held.record_started if trace is not tracing.NO_TRACE else 0.0
+        ended = RecordEnd(record, task_id, final, held.reason, detail, held.timings, trace, seconds)
+        self.ended.append(ended)
         self.detail = ""
 
     def end_rest(self, held: Held, outcome: Outcome) -> None:
@@ -302,7 +311,16 @@ class Pipeline:
         try:
             return await self._handle(held)
         finally:
-            held.trace.end()  # however it ended: no span is left open
+            self._end_traces(held)  # however it ended: no span is left open
+
+    @staticmethod
+    def _end_traces(held: Held) -> None:
+        if held.records is not None:
+            for end in held.records.ended:
+                end.trace.end()
+        if held.record_trace is not None:
+            held.record_trace.end()
+        held.message.trace.end()
 
     async def _handle(self, held: Held) -> Outcome:
         try:
@@ -342,7 +360,7 @@ class Pipeline:
 
     async def _work(self, held: Held) -> Outcome:
         body = events.parse_body(held.message.body, self.rules)
-        self._count_events(body)
+        self._count_events(held, body)
         if len(body.records) > 1:
             return await self._run_records(held, body)
         return await self._run_item(held, body.records[0].item)
@@ -352,6 +370,7 @@ class Pipeline:
         if isinstance(item, InputError):
             raise item
         if isinstance(item, events.Ignored):
+            held.trace.note({"sqsinfer.event": item.event})
             log.info(Event.EVENT_IGNORED, extra=self._ids(held) | {"event": item.event})
             return await self._finish(held, Outcome.IGNORED)
         held.task = item
@@ -647,14 +666,16 @@ class Pipeline:
         after another under the message's slot; then the message is settled."""
         run = held.records = Records(body)
         try:
-            for record in body.records:
+            for n, record in enumerate(body.records, start=1):
                 held.task, held.wrote, held.reason, held.timings = None, False, "", {}
                 held.delivery_id = uuid.uuid4().hex  # each record's write is its own
+                self._trace_record(held, n, len(body.records))
                 run_it = functools.partial(self._run_item, item=record.item)
                 run.end(held, await self._process(held, run_it))
                 self._ended(held)  # nothing of this record's delivery runs any more
         finally:
             run.stopped = True
+            tracing.enter(held.message.trace)
         if any(e.outcome == Outcome.RETRIED for e in run.ended):
             run.hand_back()
             held.release_slot()
@@ -667,10 +688,18 @@ class Pipeline:
             await self._under_way(held, self._copy_records(held, rejected), Outcome.DUPLICATE)
         return await self._finish(held, Outcome.DUPLICATE)
 
+    @staticmethod
+    def _trace_record(held: Held, n: int, count: int) -> None:
+        """The record's span, a child of the message's: its steps, its next-stage message
+        and its DLQ copy are the record's."""
+        attributes = {"sqsinfer.record": n, "sqsinfer.records": count}
+        held.record_started = time.monotonic()  # first: its span is not shorter than the record
+        held.record_trace = held.message.trace.child("record", attributes)
+        tracing.enter(held.record_trace)
+
     async def _copy_records(self, held: Held, rejected: list[RecordEnd]) -> None:
         """Copy each rejected record to the DLQ alone, as S3's body of one record."""
-        copies = [self._record_copy(held, end) for end in rejected]
-        await asyncio.gather(*(self.dead_letters.send(c.body, c.attributes) for c in copies))
+        await asyncio.gather(*(self._copy_record(held, end) for end in rejected))
         for end in rejected:
             self.metrics.rejections.labels(end.reason).inc()
             log.info(
@@ -679,16 +708,30 @@ class Pipeline:
                 | {"task_id": end.task_id, "reason": end.reason, "detail": end.detail},
             )
 
+    async def _copy_record(self, held: Held, end: RecordEnd) -> None:
+        tracing.enter(end.trace)  # the copy's send is the record's (this task's context only)
+        copy = self._record_copy(held, end)
+        await self.dead_letters.send(copy.body, copy.attributes)
+
     def _record_copy(self, held: Held, end: RecordEnd) -> DeadLetter:
         alone = dataclasses.replace(held.message, body=end.record.alone())
         return dead_letter_copy(
-            alone, end.reason, end.detail, self.queue.url, self.rules.dead_letter_max_bytes
+            alone,
+            end.reason,
+            end.detail,
+            self.queue.url,
+            self.rules.dead_letter_max_bytes,
+            trace=end.trace.outgoing(),
         )
 
     def _record_each(self, held: Held, run: Records) -> None:
         elapsed = time.monotonic() - held.message.received_at
+        exemplar = held.message.trace.exemplar()  # the records' spans are in its trace
         for n, end in enumerate(run.ended, start=1):
-            self.metrics.outcome(end.outcome, elapsed)
+            self.metrics.outcome(end.outcome, elapsed, exemplar)
+            task = end.record.item if isinstance(end.record.item, Task) else None
+            end.trace.finish(end.outcome, end.reason, end.seconds, task)
+            end.trace.end()
             fields = self._ids(held) | {"task_id": end.task_id, "record": n}
             fields |= {"records": len(run.ended), "outcome": end.outcome}
             fields["seconds"] = round(elapsed, 6)
@@ -696,9 +739,11 @@ class Pipeline:
                 fields["reason"] = end.reason
             fields["phases"] = end.timings
             log.info(Event.TASK_FINISHED, extra=fields)
+        held.message.trace.finish_records([end.outcome for end in run.ended], elapsed)
 
-    def _count_events(self, body: events.Body) -> None:
+    def _count_events(self, held: Held, body: events.Body) -> None:
         if body.shape in events.EVENT_SHAPES:
+            held.trace.note({"sqsinfer.shape": body.shape})
             for record in body.records:
                 self.metrics.events.labels(body.shape, record.kind).inc()
 
