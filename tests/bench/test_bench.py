@@ -200,6 +200,29 @@ def test_the_feeder_never_lets_more_than_a_hundred_messages_wait():
     assert json.loads(feeder.body(7))["task_id"] == "t-000007"
 
 
+def test_a_feeder_at_a_rate_sends_no_more_than_the_rate_allows(monkeypatch):
+    clock = [1000.0]
+    monkeypatch.setattr(feeding.time, "monotonic", lambda: clock[0])
+
+    class Sqs:
+        def send_message_batch(self, QueueUrl: str, Entries: list[dict[str, str]]) -> dict:
+            return {"Successful": Entries}
+
+    feeder = feeding.Feeder(Sqs(), "q", feeding.cycling("t", ["s3://b/in/0.npy"]))
+    backlog = feeding.Backlog(feeder, depth=90, in_flight=10, per_s=20.0)
+    backlog.top_up(0)
+    assert feeder.sent == 10  # one batch at the start, though the backlog has room for 90
+    clock[0] += 0.4
+    backlog.top_up(10)
+    assert feeder.sent == 10  # 8 more due: not a whole batch yet
+    clock[0] += 1.6
+    backlog.top_up(10)
+    assert feeder.sent == 50  # 40 due in 2 s, plus the first batch
+    clock[0] += 100
+    backlog.top_up(10)
+    assert feeder.sent - 10 == 100  # the backlog's own bound still holds: 100 unfinished
+
+
 def test_phase_means_and_the_unaccounted_rest():
     records = [
         {"seconds": 0.010, "phases": {"receive": 0.5, "s3_get": 0.002, "infer": 0.006}},

@@ -70,6 +70,13 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--queue-depth", type=int, default=20, help="messages the feeder keeps waiting (20)"
     )
+    p.add_argument(
+        "--rate",
+        type=float,
+        default=0.0,
+        help="tasks fed a second at most, the same for every scenario (default: as fast "
+        "as each takes them)",
+    )
     p.add_argument("--tasks", type=int, default=0, help="tasks measured per scenario")
     p.add_argument("--warmup", type=int, default=-1, help="tasks finished before measuring")
     p.add_argument("--max-window-s", type=float, default=0.0, help="longest measurement")

@@ -100,6 +100,7 @@ def run_regime(
         profile=args.profile,
         cpus=config.available_cpus(),
         handler=args.handler,
+        rate_per_s=args.rate,
     )
     if "handoff" not in shared:
         _progress("handoff micro-benchmark (2 MB array)")
@@ -123,6 +124,7 @@ def run_regime(
             "threads_per_process": ctx.threads,
             "prefetch": ctx.prefetch,
             "queue_depth": ctx.queue_depth,
+            "rate_per_s": ctx.rate_per_s,
             "seed": ctx.seed,
             "handler": ctx.handler,
             "repeat": args.repeat,
@@ -194,6 +196,9 @@ def main(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     if args.repeat < 0:
         print("sqsinfer bench: --repeat must be at least 1", file=sys.stderr)
+        return 2
+    if not args.rate >= 0:  # NaN too
+        print("sqsinfer bench: --rate must be 0 (no limit) or more", file=sys.stderr)
         return 2
     args.repeat = args.repeat or (1 if args.quick else 3)
     regimes = _regimes(args)

@@ -129,6 +129,7 @@ class Context:
     profile: bool = False  # sample the worker with py-spy during its window
     handler: str = "xgboost"  # the worker's SQSINFER_HANDLER for this regime's model
     cpus: int = 0  # CPUs the machine gives this run (for the CPU-bound estimate)
+    rate_per_s: float = 0.0  # tasks fed a second at most (0: as fast as they are taken)
 
     def in_flight(self, name: str) -> int:
         """Messages the scenario may hold at once (the feeder keeps the depth beyond them)."""
@@ -522,6 +523,7 @@ def run_scenario(ctx: Context, scenario: Scenario, s3: Any, sqs: Any) -> dict[st
             feeding.Feeder(sqs, res.queue_url, feeding.cycling(name, res.inputs)),
             ctx.queue_depth,
             ctx.in_flight(name),
+            ctx.rate_per_s,
         )
     profile_path = ""
     if ctx.profile and name in WORKERS:
