@@ -47,6 +47,11 @@ class SoakConfig:
     seconds: float = 1800.0
     rate_per_s: float = 5.0
     processes: int = 2
+    # Pinned: the worker sizes its input segments (two descriptors each) and its connections
+    # to the messages in flight, and the auto limit would let a backlog (a loaded machine
+    # falling below the feed rate part-way) grow them from one or two to sixteen, which
+    # the /dev/shm and fds bounds would read as drift. One per process: at most +1 and +4.
+    prefetch: int = 1
     kill_every_s: float = 30.0
     sample_s: float = 0.0  # 0: a thirtieth of the run, between 1 and 10 s
     rows: int = 1000  # rows per input: about a millisecond of prediction
@@ -309,6 +314,7 @@ class Soak:
         )
         settings |= {
             "SQSINFER_PROCESSES": str(self.config.processes),
+            "SQSINFER_PREFETCH": str(self.config.prefetch),
             "SQSINFER_WAIT_TIME_S": "2",
             "SQSINFER_RETRY_BASE_S": "1",
             "SQSINFER_LOG_LEVEL": "INFO",
@@ -451,8 +457,8 @@ def _tasks_ok(tasks: dict[str, Any]) -> bool:
 def _headline(config: SoakConfig) -> str:
     return (
         f"soak: {config.seconds:g} s at {config.rate_per_s:g} tasks/s through one worker of "
-        f"{config.processes} processes; the youngest SIGKILLed every {config.kill_every_s:g} s; "
-        f"a sample every {config.sample_every_s():g} s"
+        f"{config.processes} processes (prefetch {config.prefetch}); the youngest SIGKILLed "
+        f"every {config.kill_every_s:g} s; a sample every {config.sample_every_s():g} s"
     )
 
 

@@ -21,6 +21,7 @@ import contextlib
 import importlib.util
 import io
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -57,9 +58,36 @@ class MotoServer:
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
+    """A loopback port free now, for a server about to start (moto, a worker's health).
+
+    Chosen below the kernel's ephemeral range, not by binding port 0: a port from that
+    range, once let go, can be taken as the local end of any outgoing connection (the
+    tests and the stand-in open thousands) before the server binds it, and the server
+    fails to start. Only another caller of this function can take one from below it."""
+    low = _ephemeral_low()
+    for _ in range(100 if low > _LOWEST_PORT + 1000 else 0):
+        port = random.randrange(_LOWEST_PORT, low)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as sock:  # no room below the range, or it is crowded
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+_LOWEST_PORT = 10_000  # above the ports services are commonly configured on
+
+
+def _ephemeral_low() -> int:
+    """The lowest port of the kernel's range for the local ends of connections."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as fh:
+            return int(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
 
 
 def use_fake_credentials() -> None:
