@@ -121,3 +121,11 @@ class RecordingHandler(ScriptedHandler):
             with open(os.environ[PREDICTIONS_FILE_ENV], "a") as fh:
                 fh.write(f"{os.getpid()}\n")
         return super().predict(array)
+
+
+class VersionedHandler(ScriptedHandler):
+    version = "2.1.0-ours"
+
+
+class OverlongVersionHandler(ScriptedHandler):
+    version = "v" * 65  # more than output metadata takes

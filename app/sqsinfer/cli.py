@@ -114,9 +114,16 @@ def _add_bench(sub: Any) -> None:
 
 
 def _add_operator_commands(sub: Any) -> None:
-    from sqsinfer.ops import add_diff, add_enqueue, add_plan, add_redrive, add_status
+    from sqsinfer.ops import (
+        add_audit,
+        add_diff,
+        add_enqueue,
+        add_plan,
+        add_redrive,
+        add_status,
+    )
 
-    for add in (add_enqueue, add_status, add_redrive, add_plan, add_diff):
+    for add in (add_enqueue, add_status, add_redrive, add_plan, add_audit, add_diff):
         add(sub)
 
 
@@ -131,7 +138,7 @@ COMMANDS: list[Callable[[Any], None]] = [
 # How `sqsinfer --help` groups the commands, by what they are for.
 GROUPS: dict[str, tuple[str, ...]] = {
     "run": ("worker",),
-    "operate": ("enqueue", "status", "redrive", "plan", "diff"),
+    "operate": ("enqueue", "status", "redrive", "plan", "audit", "diff"),
     "try and measure": ("demo", "bench"),
 }
 

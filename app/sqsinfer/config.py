@@ -23,7 +23,14 @@ from typing import Any
 from sqsinfer import events
 from sqsinfer.compute import formats, handlers
 from sqsinfer.limits import SQS_DEFAULT_MAX_MESSAGE_BYTES, SQS_MAX_VISIBILITY_S, SQS_MAX_WAIT_S
-from sqsinfer.messages import S3Uri, parse_prefixes, parse_s3_uri
+from sqsinfer.lineage import MAX_HANDLER_NAME_BYTES, MAX_WORKER_ID_BYTES
+from sqsinfer.messages import (
+    S3Uri,
+    check_placeholders,
+    fill_placeholders,
+    parse_prefixes,
+    parse_s3_uri,
+)
 
 ENV_PREFIX = "SQSINFER_"
 # After the drain deadline, a commit already under way may take this long to land, and
@@ -121,6 +128,11 @@ class Settings:
     model_sha256: str = _opt(
         "", "refuse to start unless the model has this sha256 (required for an s3:// model)"
     )
+    model_version: str = _opt(
+        "",
+        "a name for the model (a registry version, a date): in each output's metadata, and "
+        "what {model_version} in an output prefix stands for",
+    )
     model_dir: str = _opt(
         "", "where an s3:// model is fetched to; default: sqsinfer-model in the temp dir"
     )
@@ -132,7 +144,10 @@ class Settings:
         (), "comma-separated s3:// prefixes inputs may be read from (required)", None
     )
     output_prefix: S3Uri | None = _opt(
-        None, "s3:// prefix for outputs of messages without an output (required)", None
+        None,
+        "s3:// prefix for outputs of messages without an output (required); may name "
+        "{model_sha256_12} or {model_version}, filled once at start",
+        None,
     )
     allowed_output_prefixes: tuple[S3Uri, ...] = _opt(
         (), "comma-separated s3:// prefixes outputs may be written under; default: output prefix"
@@ -424,6 +439,55 @@ def _check_task_times(s: Settings) -> None:
     )
 
 
+# Model versions become part of output keys and of their metadata.
+_MODEL_VERSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+\-]{0,63}")
+_WORKER_ID_RE = re.compile(rf"[\x21-\x7e][\x20-\x7e]{{0,{MAX_WORKER_ID_BYTES - 1}}}")
+
+
+def _check_lineage(s: Settings, _: bool) -> None:
+    """What goes into every output's metadata fits there, and every placeholder an output
+    prefix names will be filled."""
+    _require(
+        not s.model_version or _MODEL_VERSION_RE.fullmatch(s.model_version) is not None,
+        "model_version",
+        "must be 1-64 characters of A-Z a-z 0-9 . _ - +, starting with a letter or digit",
+    )
+    _require(
+        _WORKER_ID_RE.fullmatch(s.worker_id) is not None,
+        "worker_id",
+        f"must be 1-{MAX_WORKER_ID_BYTES} printable ASCII characters (it is written in "
+        "every output's metadata)",
+    )
+    _require(
+        len(s.handler.encode()) <= MAX_HANDLER_NAME_BYTES,
+        "handler",
+        f"is longer than {MAX_HANDLER_NAME_BYTES} bytes (it is written in every output's metadata)",
+    )
+    for prefix in (s.output_prefix, *s.allowed_output_prefixes):
+        name = "output_prefix" if prefix is s.output_prefix else "allowed_output_prefixes"
+        if prefix is not None:
+            _check_filled(prefix, name, s.model_version)
+
+
+def _check_filled(prefix: S3Uri, name: str, model_version: str) -> None:
+    """A prefix's placeholders are known and can be filled, and what they fill it with
+    (a sha256's 12 digits, the model version) keeps it a valid prefix."""
+    values = {"model_sha256_12": "0" * 12, "model_version": model_version}
+    try:
+        check_placeholders(prefix.key)
+    except ValueError as exc:
+        raise ConfigError(name, str(exc)) from None
+    if "{model_version}" in prefix.key and not model_version:
+        raise ConfigError(
+            name, f"names {{model_version}}, but {env_name('model_version')} is not set"
+        )
+    try:
+        filled = fill_placeholders(prefix.key, values)
+        parse_s3_uri(f"s3://{prefix.bucket}/{filled}", env_name(name), prefix=True)
+    except ValueError as exc:
+        raise ConfigError(name, f"once its placeholders are filled: {exc}") from None
+
+
 def _check_chain_settle(s: Settings) -> None:
     _require(s.chain_settle_s > 0, "chain_settle_s", "must be above 0")
     if not s.next_queue_url:
@@ -450,7 +514,7 @@ def _check_logging(s: Settings, _: bool) -> None:
     _require(s.log_format in ("auto", "json", "console"), "log_format", "json, console or auto")
 
 
-_CHECKS = (_check_required, _check_outputs, _check_numbers, _check_logging)
+_CHECKS = (_check_required, _check_outputs, _check_numbers, _check_lineage, _check_logging)
 
 ENV_NAMES: tuple[str, ...] = tuple(env_name(f.name) for f in fields(Settings))
 

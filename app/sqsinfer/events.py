@@ -31,6 +31,7 @@ from enum import StrEnum
 from typing import Any
 from urllib.parse import unquote_plus
 
+from sqsinfer import lineage
 from sqsinfer.compute.errors import InputError
 from sqsinfer.messages import (
     MAX_TASK_ID_CHARS,
@@ -55,11 +56,10 @@ MESSAGE_SHAPES = (SQSINFER, S3_EVENT, AUTO)
 CREATED_PREFIX = "ObjectCreated:"
 TEST_EVENT = "s3:TestEvent"
 EVENTBRIDGE_CREATED = "Object Created"
-# Written into an event's output, and read back from one found there: what it was made of.
-VERSION_METADATA = "input-version"
-SOURCE_METADATA = "input-uri-sha256"
 _VERSION_CHARS = frozenset(string.printable) - frozenset(string.whitespace)
-_MAX_VERSION_CHARS = 1024
+# An event's version is written into its output's lineage (`input-version-id`), and read
+# back from one found there: it must fit (S3's own are 32 characters).
+_MAX_VERSION_CHARS = lineage.MAX_VALUE_BYTES[lineage.INPUT_VERSION_ID]
 # The characters a task id keeps as they are; every other one is written `=XX`, a byte of
 # its UTF-8 at a time (`=` itself included), so distinct keys give distinct ids.
 _ID_KEEP = frozenset(string.ascii_letters + string.digits + "._-/:@+")
@@ -311,14 +311,10 @@ def _text(doc: dict[str, Any], name: str, what: str) -> str:
 # -- what an event's output records of its input ----------------------------------------
 
 
-def provenance(task: Task) -> dict[str, str]:
-    """The metadata an event's output carries about its input (none for a task message)."""
-    if not task.from_event:
-        return {}
-    found = {SOURCE_METADATA: _source_digest(task.input)}
-    if task.input_version is not None:
-        found[VERSION_METADATA] = task.input_version
-    return found
+def input_digest(task: Task) -> str:
+    """What an event's output records of its input's key (`input-uri-sha256`; its version
+    is the lineage's `input-version-id`, the version read): "" for a task message."""
+    return _source_digest(task.input) if task.from_event else ""
 
 
 def provenance_conflict(task: Task, metadata: dict[str, str]) -> str:
@@ -327,10 +323,10 @@ def provenance_conflict(task: Task, metadata: dict[str, str]) -> str:
     or another version of the same key."""
     if not task.from_event:
         return ""
-    made_from = metadata.get(SOURCE_METADATA)
+    made_from = metadata.get(lineage.INPUT_URI_SHA256)
     if made_from is not None and made_from != _source_digest(task.input):
         return f"{task.output} was made from another input key than {task.input}"
-    version = metadata.get(VERSION_METADATA)
+    version = metadata.get(lineage.INPUT_VERSION_ID)
     if version is not None and task.input_version is not None and version != task.input_version:
         return (
             f"{task.output} was made from version {version[:80]} of {task.input}; "

@@ -53,6 +53,7 @@ class Event(StrEnum):
     RETRY_DELAY_NOT_SET = "could not set retry delay"
     HAND_BACK_FAILED = "could not hand back message"
     TASK_FINISHED = "task finished"
+    OUTPUT_OF_ANOTHER_MODEL = "output written by another model"
     EVENT_IGNORED = "event ignored"
     # the link to the next stage
     CHAIN_LINK_TAKEN_OVER = "chain link taken over"
@@ -106,6 +107,8 @@ class Event(StrEnum):
     NO_TARGET_FOR_MESSAGE = "no target for message"
     NOT_SENT = "not sent"
     MESSAGES_NOT_RELEASED = "messages not released, visible again when their hold lapses"
+    # sqsinfer audit
+    AUDIT_LISTING_AGAIN = "listing again through the SDK"
     # sqsinfer bench
     PY_SPY_MISSING = "--profile: py-spy is not installed (pip install py-spy)"
 

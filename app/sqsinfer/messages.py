@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +33,11 @@ MAX_OUTPUT_KEY_BYTES = S3_MAX_KEY_BYTES - OUTPUT_MARKER_RESERVE_BYTES
 # What SQS accepts in a message body or attribute: the XML 1.0 character range. Anything
 # else (U+FFFE, U+FFFF, most C0 controls, lone surrogates) makes SendMessage fail.
 _NOT_XML_RE = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+# What an output prefix (a setting, or a message's `output`) may name in braces, filled
+# once at start from the worker's model, so that a new model's outputs sit beside the
+# old one's instead of meeting them as duplicates.
+PLACEHOLDERS: tuple[str, ...] = ("model_sha256_12", "model_version")
+_PLACEHOLDER_RE = re.compile(r"\{([^{}/]*)\}")
 
 
 @dataclass(frozen=True, order=True)
@@ -118,6 +124,44 @@ def parse_s3_uri(text: str, what: str = "uri", *, prefix: bool = False) -> S3Uri
     return S3Uri(bucket, key)
 
 
+def placeholder_values(model_sha256: str, model_version: str = "") -> dict[str, str]:
+    """What each placeholder stands for with this model (`model_version` only when set)."""
+    values = {"model_sha256_12": model_sha256[:12]}
+    if model_version:
+        values["model_version"] = model_version
+    return values
+
+
+def has_placeholders(text: str) -> bool:
+    return _PLACEHOLDER_RE.search(text) is not None
+
+
+def check_placeholders(text: str, values: Mapping[str, str] | None = None) -> None:
+    """Raise ValueError for a placeholder no one fills: an unknown name, or (given the
+    values a worker fills in) one it has no value for."""
+    for name in _PLACEHOLDER_RE.findall(text):
+        if name not in PLACEHOLDERS:
+            known = ", ".join("{" + p + "}" for p in PLACEHOLDERS)
+            raise ValueError(f"unknown placeholder {{{name}}}: known are {known}")
+        if values is not None and name not in values:
+            raise ValueError(f"{{{name}}} has no value here (is the model version set?)")
+
+
+def fill_placeholders(text: str, values: Mapping[str, str]) -> str:
+    """`text` with every placeholder replaced by its value (ValueError: see `check`)."""
+    check_placeholders(text, values)
+    return _PLACEHOLDER_RE.sub(lambda m: values[m.group(1)], text)
+
+
+def filled_uri(uri: S3Uri, values: Mapping[str, str]) -> S3Uri:
+    """An output prefix with its placeholders filled, held to the key rules again."""
+    if not has_placeholders(uri.key):
+        return uri
+    return parse_s3_uri(
+        f"s3://{uri.bucket}/{fill_placeholders(uri.key, values)}", "output prefix", prefix=True
+    )
+
+
 def parse_prefixes(text: str, what: str) -> tuple[S3Uri, ...]:
     items = [part.strip() for part in text.split(",") if part.strip()]
     return tuple(parse_s3_uri(item, what, prefix=True) for item in items)
@@ -152,6 +196,9 @@ class MessageRules:
     # Refuse formats whose package is not installed in this process (the worker). A tool
     # that checks messages for a worker elsewhere cannot know what that worker has.
     require_installed_formats: bool = True
+    # The values of the placeholders a message's `output` may carry (the worker's model);
+    # None: a tool that does not know the model checks their names and leaves them.
+    placeholders: Mapping[str, str] | None = None
     # What a body is: a task message (`sqsinfer`), an S3 event notification (`s3-event`),
     # or either (`auto`); `events.parse_body` reads it.
     message_shape: str = "sqsinfer"
@@ -164,13 +211,26 @@ def _field_uri(doc: dict[str, Any], name: str) -> S3Uri:
         raise InputError("invalid_field", str(exc)) from None
 
 
+def _given_output(doc: dict[str, Any], rules: MessageRules) -> S3Uri:
+    """The message's own `output`, its placeholders filled with the worker's values."""
+    text = doc["output"]
+    if isinstance(text, str) and has_placeholders(text):
+        try:
+            check_placeholders(text, rules.placeholders)
+        except ValueError as exc:
+            raise InputError("invalid_field", f"output: {exc}") from None
+        if rules.placeholders is not None:
+            doc = dict(doc, output=fill_placeholders(text, rules.placeholders))
+    return _field_uri(doc, "output")
+
+
 def _output_uri(doc: dict[str, Any], task_id: str, rules: MessageRules) -> S3Uri:
     """The given `output`, or the key derived from the task id, held to the same rules."""
     derived = doc.get("output") is None
     if derived:
         target = rules.output_prefix.child(task_id + rules.output_suffix)
     else:
-        target = _field_uri(doc, "output")
+        target = _given_output(doc, rules)
         if not any(target.within(p) for p in rules.allowed_output_prefixes):
             raise InputError("output_not_allowed", f"{target} is outside the allowed prefixes")
     return output_key(target, " (derived from task_id and the output prefix)" if derived else "")

@@ -148,6 +148,12 @@ class Metrics:
             ["kind"],
             registry=r,
         )
+        self.other_model_outputs = Counter(
+            "sqsinfer_other_model_outputs",
+            "Messages whose task's output existed, written by another model than this "
+            "worker's (each ends as a duplicate; a new model needs a per-model output prefix)",
+            registry=r,
+        )
         self.aws_requests = Counter(
             "sqsinfer_aws_requests",
             "AWS API calls made (each call once, whatever the SDK retried), by operation",

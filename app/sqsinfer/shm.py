@@ -429,6 +429,10 @@ class SharedInput:
         view = taken.buf
         assert view is not None  # a created segment is always mapped
         self._view = view
+        # Which version of the object these bytes are, as the read found it (its ETag
+        # without quotes, its version id): written into the output's lineage.
+        self.etag = ""
+        self.version_id = ""
 
     @classmethod
     async def made(cls, size: int, segments: Segments) -> SharedInput:

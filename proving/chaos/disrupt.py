@@ -115,18 +115,24 @@ def start_proxy(
     return process, url
 
 
-def _settings(
-    name: str, queues: dict[str, str], endpoint: str, models: dict[str, str], config: ChaosConfig
-) -> dict[str, str]:
-    timings = {
+def worker_timings(visibility_timeout_s: int) -> dict[str, str]:
+    """A worker under fire: one process, short polls, retries and settles, and a
+    visibility timeout short enough that a killed worker's messages soon come back."""
+    return {
         "SQSINFER_PROCESSES": "1",
         "SQSINFER_WAIT_TIME_S": "1",
-        "SQSINFER_VISIBILITY_TIMEOUT_S": str(config.visibility_timeout_s),
-        "SQSINFER_HEARTBEAT_S": str(max(1, config.visibility_timeout_s // 3)),
+        "SQSINFER_VISIBILITY_TIMEOUT_S": str(visibility_timeout_s),
+        "SQSINFER_HEARTBEAT_S": str(max(1, visibility_timeout_s // 3)),
         "SQSINFER_RETRY_BASE_S": "1",
         "SQSINFER_RETRY_MAX_S": "8",
         "SQSINFER_CHAIN_SETTLE_S": "4",
     }
+
+
+def _settings(
+    name: str, queues: dict[str, str], endpoint: str, models: dict[str, str], config: ChaosConfig
+) -> dict[str, str]:
+    timings = worker_timings(config.visibility_timeout_s)
     which = name.split("-", maxsplit=1)[0]
     if which == "stage1" and config.s3_events:  # its bucket's events, and task messages
         timings["SQSINFER_MESSAGE_SHAPE"] = "auto"

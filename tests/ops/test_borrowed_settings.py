@@ -28,11 +28,17 @@ FORMS: dict[str, tuple[str, ...]] = {
     "next_queue_url": ("", "{next}"),
     "model_path": ("{model}", "s3://{bucket}/models/model.ubj"),
     "model_sha256": ("", "0" * 64),
+    "model_version": ("", "2026-11-a"),
     "model_dir": ("", "{tmp}/model"),
     "max_model_bytes": ("4294967296",),
     "handler": ("xgboost", "onnx", "tests.handlers:ScriptedHandler"),
     "allowed_input_prefixes": ("s3://{bucket}/in/", "s3://{bucket}/in/,s3://{bucket}/more/"),
-    "output_prefix": ("s3://{bucket}/out/",),
+    # Placeholders (doubled braces: these are format strings) filled from the model.
+    "output_prefix": (
+        "s3://{bucket}/out/",
+        "s3://{bucket}/out/{{model_version}}/",
+        "s3://{bucket}/out/{{model_sha256_12}}/",
+    ),
     "allowed_output_prefixes": ("", "s3://{bucket}/out/,s3://{bucket}/other/"),
     "output_format": ("npy", "json", "parquet"),
     "message_shape": ("sqsinfer", "s3-event", "auto"),
@@ -62,7 +68,7 @@ FORMS: dict[str, tuple[str, ...]] = {
     "log_format": ("auto", "json", "console"),
     "worker_id": ("", "pod-7"),
 }
-COMMANDS = ("plan", "enqueue", "status", "redrive", "diff")
+COMMANDS = ("plan", "enqueue", "status", "redrive", "audit", "diff")
 
 
 def _shell(stage: Stage, model_path: str, tmp_path: Path, form: int) -> dict[str, str]:
@@ -121,11 +127,13 @@ def test_each_operator_command_runs_in_a_stage_shell(stage, tmp_path, capsys, fo
         "enqueue": ["enqueue", str(manifest), "--dry-run", "--json", "--quiet"],
         "status": ["status", "--interval-s", "0", "--json"],
         "redrive": ["redrive", "--dry-run", "--json"],
+        "audit": ["audit", str(manifest), "--json", "--dlq-hold-s", "2"],
         "diff": ["diff", f"s3://{stage.bucket}/out/", f"s3://{stage.bucket}/out-b/", "--json"],
     }[command]
     if command == "diff":
         argv += ["--manifest", str(manifest)]
-    assert cli.main(argv) == 0, capsys.readouterr().err
+    # The audit finds the one task missing (nothing ran): exit 1, as the stage's audit.
+    assert cli.main(argv) == (1 if command == "audit" else 0), capsys.readouterr().err
     text = capsys.readouterr().out
     indented = command in ("plan", "diff")
     out = json.loads(text if indented else text.splitlines()[-1])
@@ -137,6 +145,10 @@ def test_each_operator_command_runs_in_a_stage_shell(stage, tmp_path, capsys, fo
         assert (out["compared"], out["identical"]) == (1, 1)
     if command == "enqueue":  # checked with the stage's rules: its allow-list, its suffix
         assert (out["sent"], out["bad"], out["dry_run"]) == (1, 0, True)
+    if command == "audit":  # the stage's queue and output prefix, filled from its model
+        (found,) = out["stages"]
+        assert (out["tasks"], found["missing"], found["queue_url"]) == (1, 1, stage.queue_url)
+        assert "{" not in found["output_prefix"]
 
 
 def test_a_plan_for_the_containers_cpus_asks_for_the_processes(monkeypatch, capsys) -> None:

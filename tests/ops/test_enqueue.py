@@ -342,3 +342,29 @@ def test_progress_bar_reports_problems_above_the_bar(capsys):
     err = capsys.readouterr().err
     assert "bad line m.jsonl:3: malformed_json: unexpected [character]" in err
     assert "5 sent" in err
+
+
+def test_skip_done_looks_for_the_given_models_outputs_under_a_per_model_prefix(
+    stage: Stage, tmp_path, capsys
+):
+    b, sha = stage.bucket, "ab" * 32
+    lines = [json.dumps({"task_id": f"s{i}", "input": f"s3://{b}/in/{i}.npy"}) for i in range(4)]
+    stage.s3.put_object(Bucket=b, Key=f"out/{sha[:12]}/s0.npy", Body=b"done")
+    stage.s3.put_object(Bucket=b, Key="out/cdcdcdcdcdcd/s1.npy", Body=b"another model's")
+    path = _write(tmp_path / "t.jsonl", lines)
+    argv = [
+        "enqueue",
+        path,
+        "--endpoint-url",
+        stage.endpoint,
+        "--queue-url",
+        stage.queue_url,
+        "--output-prefix",
+        f"s3://{b}/out/{{model_sha256_12}}/",
+        "--skip-done",
+    ]
+    assert cli.main(argv) == 2
+    assert "give --model-sha256" in capsys.readouterr().err
+    assert cli.main([*argv, "--model-sha256", sha, "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert (summary["sent"], summary["skipped_done"]) == (3, 1)

@@ -140,7 +140,12 @@ async def test_every_metric_is_exposed_after_a_run(stage: Stage, make_settings):
     assert value("sqsinfer_process_busy_seconds_total") > 0
     assert value("sqsinfer_in_flight") == 0
     assert value("sqsinfer_processes_ready") == 1
-    for counter in ("pool_rebuilds", "visibility_extensions", "chain_duplicates"):
+    for counter in (
+        "pool_rebuilds",
+        "visibility_extensions",
+        "chain_duplicates",
+        "other_model_outputs",
+    ):
         assert value(f"sqsinfer_{counter}_total") == 0
     # What a platform team reads: the process, each child, what runs, utilisation, errors.
     assert value("process_resident_memory_bytes") > 10e6

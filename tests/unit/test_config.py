@@ -103,6 +103,29 @@ def test_available_cpus_respects_affinity():
         ),
         ({"SQSINFER_HEALTH_PORT": "70000"}, "SQSINFER_HEALTH_PORT"),
         ({"SQSINFER_RETRY_BASE_S": "100", "SQSINFER_RETRY_MAX_S": "10"}, "SQSINFER_RETRY_BASE_S"),
+        # What every output's metadata carries must be ASCII of a bounded length.
+        ({"SQSINFER_MODEL_VERSION": "v 1"}, "SQSINFER_MODEL_VERSION"),
+        ({"SQSINFER_MODEL_VERSION": "v" * 65}, "SQSINFER_MODEL_VERSION"),
+        ({"SQSINFER_WORKER_ID": "pod-\u00e9"}, "SQSINFER_WORKER_ID"),
+        ({"SQSINFER_WORKER_ID": "w" * 129}, "SQSINFER_WORKER_ID"),
+        ({"SQSINFER_HANDLER": "a" * 120 + ".b:Handler"}, "SQSINFER_HANDLER"),
+        # A placeholder no one fills, or one that makes the key too long once filled.
+        ({"SQSINFER_OUTPUT_PREFIX": "s3://out-bucket/{model_sha}/"}, "SQSINFER_OUTPUT_PREFIX"),
+        ({"SQSINFER_OUTPUT_PREFIX": "s3://out-bucket/{model_version}/"}, "SQSINFER_OUTPUT_PREFIX"),
+        (
+            {
+                "SQSINFER_OUTPUT_PREFIX": "s3://out-bucket/scores/",
+                "SQSINFER_ALLOWED_OUTPUT_PREFIXES": "s3://out-bucket/scores/,s3://out-bucket/{x}/",
+            },
+            "SQSINFER_ALLOWED_OUTPUT_PREFIXES",
+        ),
+        (
+            {
+                "SQSINFER_OUTPUT_PREFIX": "s3://out-bucket/" + "k" * 1000 + "{model_version}/",
+                "SQSINFER_MODEL_VERSION": "v" * 64,
+            },
+            "SQSINFER_OUTPUT_PREFIX",
+        ),
     ],
 )
 def test_a_bad_setting_is_named(env, changes, setting):
@@ -151,6 +174,21 @@ def test_the_drain_is_derived_from_the_task_time_when_unset(env):
     assert settings.drain_deadline_s == 55.0
     assert settings.shutdown_budget_s == 55.0 + config.COMMIT_GRACE_S + config.FORCED_RELEASE_S
     assert Settings.load(env | {"SQSINFER_DRAIN_DEADLINE_S": "80"}).drain_deadline_s == 80.0
+
+
+def test_an_output_prefix_may_name_the_model(env):
+    s = Settings.load(
+        env
+        | {
+            "SQSINFER_OUTPUT_PREFIX": "s3://out-bucket/scores/{model_version}/{model_sha256_12}",
+            "SQSINFER_MODEL_VERSION": "2026-11-a",
+        }
+    )
+    assert str(s.output_prefix) == "s3://out-bucket/scores/{model_version}/{model_sha256_12}/"
+    with pytest.raises(ConfigError, match="is not set"):
+        Settings.load(env | {"SQSINFER_OUTPUT_PREFIX": "s3://out-bucket/{model_version}/"})
+    with pytest.raises(ConfigError, match=r"unknown placeholder \{sha\}"):
+        Settings.load(env | {"SQSINFER_OUTPUT_PREFIX": "s3://out-bucket/{sha}/"})
 
 
 def test_the_shutdown_budget_counts_the_last_long_poll(env):

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sqsinfer import events
+from sqsinfer import events, lineage
 from sqsinfer.compute.errors import InputError
 from sqsinfer.events import Ignored, Kind, Shape, parse_body, task_id_for
 from sqsinfer.messages import (
@@ -225,14 +225,27 @@ def test_the_version_an_event_names_is_kept():
     assert only_task(s3_body(record("in/a.npy", versionId="null"))).input_version is None
 
 
-@pytest.mark.parametrize("version", ["", "a b", "v\u00e9", 7, "x" * 1025])
+@pytest.mark.parametrize("version", ["", "a b", "v\u00e9", 7, "x" * 257])
 def test_a_version_id_that_is_no_version_id_is_refused(version):
+    """Nor one longer than its output's lineage holds (S3's own are 32 characters)."""
     assert refusal(s3_body(record("in/a.npy", versionId=version))) == "invalid_field"
+
+
+def test_the_longest_version_an_event_may_name_is_written_in_its_outputs_lineage():
+    longest = "x" * lineage.MAX_VALUE_BYTES[lineage.INPUT_VERSION_ID]
+    task = only_task(s3_body(record("in/a.npy", versionId=longest)))
+    producer = lineage.Producer("f" * 64, "xgboost", "2.1", "pod-7")
+    written = lineage.Written(
+        task.task_id, "m", "d", "o" * 64, "e", task.input_version or "", events.input_digest(task)
+    )
+    metadata = lineage.output_metadata(producer, written)
+    assert metadata["input-version-id"] == longest
+    assert events.provenance_conflict(task, metadata) == ""
 
 
 def test_an_output_made_from_another_input_or_version_is_told_apart():
     task = only_task(s3_body(record("in/a.npy", versionId="v1")))
-    made = events.provenance(task)
+    made = {"input-uri-sha256": events.input_digest(task), "input-version-id": "v1"}
     assert events.provenance_conflict(task, made) == ""
     newer = dataclasses.replace(task, input_version="v2")
     assert "version v1" in events.provenance_conflict(newer, made)
@@ -241,7 +254,7 @@ def test_an_output_made_from_another_input_or_version_is_told_apart():
     assert "another input key" in events.provenance_conflict(csv, made)
     # A task message's output records nothing of its input, and is checked by owner alone.
     plain = dataclasses.replace(task, from_event=False)
-    assert events.provenance(plain) == {} and events.provenance_conflict(plain, made) == ""
+    assert events.input_digest(plain) == "" and events.provenance_conflict(plain, made) == ""
 
 
 # -- what is ignored, and what a body of several records holds ---------------------------------

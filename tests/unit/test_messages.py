@@ -182,3 +182,24 @@ def test_params_with_any_character_make_a_sendable_next_stage_body(char):
     body = next_stage_body(task)
     assert body.isascii()
     assert orjson.loads(body) == {"task_id": "t", "input": "s3://data/out/t.npy", "params": params}
+
+
+def test_an_explicit_output_may_name_the_model_and_is_filled_with_the_workers():
+    prefix = parse_s3_uri("s3://data/out/{model_sha256_12}", "out", prefix=True)
+    rules = MessageRules(
+        allowed_input_prefixes=RULES.allowed_input_prefixes,
+        allowed_output_prefixes=(S3Uri("data", "out/abcdef012345/"),),
+        output_prefix=S3Uri("data", "out/abcdef012345/"),
+        placeholders={"model_sha256_12": "abcdef012345"},
+    )
+    body = {"task_id": "t", "input": "s3://data/in/a.npy", "output": str(prefix) + "t.json"}
+    assert str(parse_task(json.dumps(body), rules).output) == "s3://data/out/abcdef012345/t.json"
+    # Unknown, or without a value on this worker: refused, never written under the braces.
+    for name in ("model_sha", "model_version"):
+        body["output"] = f"s3://data/out/{{{name}}}/t.json"
+        with pytest.raises(InputError) as caught:
+            parse_task(json.dumps(body), rules)
+        assert caught.value.reason == "invalid_field" and name in caught.value.detail
+    # A tool that does not know the model checks the names and leaves them in place.
+    body["output"] = "s3://data/out/{model_sha256_12}/t.json"
+    assert parse_task(json.dumps(body), RULES).output.key == "out/{model_sha256_12}/t.json"

@@ -112,7 +112,10 @@ async def test_one_task_delivered_to_two_workers_at_once(stage: Stage, make_sett
     """Both compute; one output wins, the other is a duplicate; one downstream message."""
     uri = _input(stage, "slow.npy", first_cell=1.0)  # each prediction takes a second
     body = {"task_id": "twice", "input": uri}
-    settings = _scripted(make_settings, stage, prefetch=1, chain_settle_s=1, retry_base_s=1)
+    # A settle far longer than the owner's send: on a loaded machine the owner can take
+    # over a second between its intent and "sent", and a 1 s settle let the other worker
+    # take the link over and send again (a `possible` duplicate, by design, not this test's).
+    settings = _scripted(make_settings, stage, prefetch=1, chain_settle_s=60, retry_base_s=1)
     async with running(settings) as first, running(settings) as second:
         workers = (first, second)
         # Sent once both poll: one slot each, so each takes one (sent before the second

@@ -92,3 +92,15 @@ async def test_a_file_that_is_no_onnx_model_stops_start_up(make_settings, tmp_pa
     bogus.write_bytes(b"not a protobuf")
     error = await _start_error(make_settings(handler="onnx", model_path=str(bogus)))
     assert "ONNX Runtime cannot load the model" in error
+
+
+def test_a_handler_without_a_version_gives_its_distributions():
+    """A handler from an installed distribution, without `version` of its own: that
+    distribution's version (here a class made to come from xgboost's package)."""
+    import importlib.metadata
+
+    from sqsinfer.compute.handlers import handler_version
+
+    made = type("Borrowed", (), {"__module__": "xgboost.borrowed"})()
+    dist = importlib.metadata.packages_distributions()["xgboost"][0]
+    assert handler_version(made) == importlib.metadata.version(dist)

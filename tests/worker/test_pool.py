@@ -220,3 +220,31 @@ def test_a_dead_process_not_yet_reaped_is_not_alive():
 def _state(pid: int) -> str:
     with open(f"/proc/{pid}/stat") as fh:
         return fh.read().rsplit(")", 1)[1].split()[0]
+
+
+@pytest.mark.parametrize(
+    ("handler", "version"),
+    [
+        ("xgboost", "xgboost"),  # the built-in handler: XGBoost's own version
+        ("tests.handlers:VersionedHandler", "2.1.0-ours"),  # its own
+        ("tests.handlers:ScriptedHandler", "unknown"),  # none, and not from a distribution
+    ],
+)
+async def test_the_pool_learns_the_handlers_version_from_the_process_that_loaded_it(
+    model_path, handler, version
+):
+    import xgboost
+
+    pool = InferencePool(_config(model_path, handler=handler))
+    await pool.start()
+    try:
+        assert pool.handler_version == (xgboost.__version__ if version == "xgboost" else version)
+    finally:
+        await pool.close()
+
+
+async def test_a_handler_version_output_metadata_cannot_carry_stops_start_up(model_path):
+    pool = InferencePool(_config(model_path, handler="tests.handlers:OverlongVersionHandler"))
+    with pytest.raises(ModelLoadError, match="handler-version 'vvv"):
+        await pool.start()
+    assert pool.ready_count == 0

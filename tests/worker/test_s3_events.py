@@ -136,9 +136,9 @@ async def test_s3_sends_its_events_to_the_queue_and_each_is_scored_once(
     scored(stage, {**dict(zip(OUTPUTS, rows.values(), strict=True)), "out/twice.npy": won_rows})
     for key, output, task_id in zip(KEYS, OUTPUTS, TASK_IDS, strict=True):
         meta = stage.s3.head_object(Bucket=stage.bucket, Key=output)["Metadata"]
-        assert (meta["task-id"], meta["input-version"]) == (task_id, version[key])
+        assert (meta["task-id"], meta["input-version-id"]) == (task_id, version[key])
     twice_meta = stage.s3.head_object(Bucket=stage.bucket, Key="out/twice.npy")["Metadata"]
-    assert twice_meta["input-version"] == won
+    assert twice_meta["input-version-id"] == won
     assert worker.metrics.outcomes == {"committed": 5, "ignored": 1, "rejected": 1}
     assert events_read(worker, "s3", "created") == len(KEYS) + 2
     assert events_read(worker, "s3", "test") == 1

@@ -174,7 +174,8 @@ class DataPath:
             except FileNotFoundError:
                 raise InputError("input_not_found", _not_found(uri, version)) from None
         chunks = result.stream(min_chunk_size=_CHUNK_BYTES)
-        return await _into_shared(uri, int(result.meta["size"]), max_bytes, chunks, segments)
+        shared = await _into_shared(uri, int(result.meta["size"]), max_bytes, chunks, segments)
+        return _read_version(shared, result.meta.get("e_tag"), result.meta.get("version"))
 
     async def put_if_absent(
         self, uri: S3Uri, body: bytes, metadata: dict[str, str], content_type: str
@@ -270,7 +271,8 @@ class Storage:
         async with body:
             size = int(response["ContentLength"])
             chunks = body.iter_chunks(_CHUNK_BYTES)
-            return await _into_shared(uri, size, max_bytes, chunks, self.segments)
+            shared = await _into_shared(uri, size, max_bytes, chunks, self.segments)
+        return _read_version(shared, response.get("ETag"), response.get("VersionId"))
 
     async def commit(
         self, uri: S3Uri, body: bytes, metadata: dict[str, str], content_type: str
@@ -320,6 +322,13 @@ class Storage:
                 )
                 await asyncio.sleep(_CONFLICT_BACKOFF.delay_s(attempt))
         raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _read_version(shared: SharedInput, etag: str | None, version_id: str | None) -> SharedInput:
+    """Note which version of its object an input is (an unversioned bucket has no id)."""
+    shared.etag = (etag or "").strip('"')
+    shared.version_id = "" if version_id in (None, "null") else str(version_id)
+    return shared
 
 
 def _not_found(uri: S3Uri, version: str | None) -> str:

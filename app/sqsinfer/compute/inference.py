@@ -22,7 +22,7 @@ import numpy as np
 
 from sqsinfer.compute import formats
 from sqsinfer.compute.errors import InputError, ModelLoadError
-from sqsinfer.compute.handlers import Handler, import_handler
+from sqsinfer.compute.handlers import Handler, handler_version, import_handler
 
 # Threads of native libraries must be pinned before they are imported in the child.
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
@@ -191,7 +191,8 @@ def warm_up() -> dict[str, Any]:
         checked_predictions(handler.predict(sample), sample.shape[0])
     except InputError as exc:
         raise ModelLoadError(f"warm-up prediction refused its own input: {exc}") from None
-    return {"pid": os.getpid(), "warmup_s": time.perf_counter() - started}
+    warmup_s = time.perf_counter() - started
+    return {"pid": os.getpid(), "warmup_s": warmup_s, "handler_version": handler_version(handler)}
 
 
 def warm_up_input(handler: Handler) -> np.ndarray:
@@ -251,6 +252,7 @@ def _compute(
     body = formats.encode(predictions, output_format)
     return {
         "body": body,
+        "sha256": hashlib.sha256(body).hexdigest(),  # the output's lineage, off the event loop
         "rows": rows,
         "decode_s": t1 - t0,
         "infer_s": t2 - t1,

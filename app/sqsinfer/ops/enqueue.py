@@ -35,7 +35,7 @@ from sqsinfer.aws.session import error_code, http_status
 from sqsinfer.aws.sqs import message_size
 from sqsinfer.limits import SQS_BATCH_MAX, SQS_BATCH_MAX_BYTES
 from sqsinfer.logs import Event
-from sqsinfer.messages import S3Uri
+from sqsinfer.messages import S3Uri, filled_uri, has_placeholders, placeholder_values
 from sqsinfer.ops import common
 from sqsinfer.ops.manifest import (
     MANIFEST_FORMATS,
@@ -430,10 +430,13 @@ BORROWED = (
     "allowed_output_prefixes",
     "output_format",
     "max_message_bytes",
+    "model_sha256",
+    "model_version",
 )
 _NOTES = {
     "allowed_input_prefixes": "unset here: any bucket",
     "output_prefix": "needed by --skip-done",
+    "model_sha256": "here the model whose outputs --skip-done looks for: fills {model_sha256_12}",
 }
 
 
@@ -468,13 +471,20 @@ def add_parser(sub: Any) -> None:
 
 
 def validator_from_args(args: argparse.Namespace) -> Validator:
-    """The worker's message rules from the borrowed settings (already parsed)."""
+    """The worker's message rules from the borrowed settings (already parsed); output
+    prefixes that name the model are filled when it is given (ValueError if they cannot be)."""
+    prefix, allowed, values = args.output_prefix, args.allowed_output_prefixes, None
+    if args.model_sha256:
+        values = placeholder_values(args.model_sha256, args.model_version)
+        prefix = filled_uri(prefix, values) if prefix is not None else None
+        allowed = tuple(filled_uri(p, values) for p in allowed)
     return Validator(
         allowed_inputs=args.allowed_input_prefixes,
-        output_prefix=args.output_prefix,
-        allowed_outputs=args.allowed_output_prefixes,
+        output_prefix=prefix,
+        allowed_outputs=allowed,
         output_suffix="." + args.output_format,
         max_message_bytes=args.max_message_bytes,
+        placeholders=values,
     )
 
 
@@ -485,6 +495,8 @@ def _check_args(args: argparse.Namespace) -> str | None:
         return "--queue-url (or SQSINFER_QUEUE_URL) is required"
     if args.skip_done and not args.output_prefix:
         return "--skip-done needs --output-prefix (the stage's SQSINFER_OUTPUT_PREFIX)"
+    if args.skip_done and has_placeholders(args.output_prefix.key) and not args.model_sha256:
+        return "--skip-done: the output prefix names the model; give --model-sha256"
     return None
 
 

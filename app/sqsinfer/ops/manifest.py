@@ -12,7 +12,7 @@ import csv
 import fnmatch
 import os
 import sys
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -66,10 +66,12 @@ class Validator:
     def __init__(
         self,
         allowed_inputs: tuple[S3Uri, ...] = (),
+        *,
         output_prefix: S3Uri | None = None,
         allowed_outputs: tuple[S3Uri, ...] = (),
         output_suffix: str = ".npy",
         max_message_bytes: int = SQS_DEFAULT_MAX_MESSAGE_BYTES,
+        placeholders: Mapping[str, str] | None = None,
     ) -> None:
         if not allowed_outputs and output_prefix is not None:
             allowed_outputs = (output_prefix,)  # the worker's default
@@ -78,6 +80,7 @@ class Validator:
         self.output_prefix = output_prefix
         self.output_suffix = output_suffix
         self.max_message_bytes = max_message_bytes
+        self.placeholders = placeholders  # a stage's model, when known: outputs name it
 
     def check(self, body: str | bytes) -> Task:
         """The task, or InputError with the worker's reason."""
@@ -93,6 +96,7 @@ class Validator:
             output_suffix=self.output_suffix,
             max_message_bytes=self.max_message_bytes,
             require_installed_formats=False,  # the worker's packages, not this machine's
+            placeholders=self.placeholders,
         )
 
 
@@ -204,6 +208,11 @@ def _csv_body(columns: tuple[str, ...], cells: list[str]) -> str | BadLine:
     return orjson.dumps(doc).decode()
 
 
+def open_manifest(path: str) -> IO[bytes]:
+    """The manifest file, or stdin for `-` (a copy of its descriptor, closed with it)."""
+    return os.fdopen(os.dup(sys.stdin.fileno()), "rb") if path == "-" else open(path, "rb")
+
+
 def read_manifest(fh: Iterable[bytes], name: str, fmt: str, validator: Validator) -> Iterator[Item]:
     if fmt == "csv":
         return read_csv(fh, name, validator)
@@ -221,7 +230,7 @@ def run_on_manifest(
     A manifest that cannot be opened is a usage error (2), before anything runs.
     """
     try:
-        fh = _open(path) if path else None
+        fh = open_manifest(path) if path else None
     except OSError as exc:
         return common.usage_error(name, f"cannot read {path}: {exc}")
     try:
@@ -229,11 +238,6 @@ def run_on_manifest(
     finally:
         if fh is not None:
             fh.close()
-
-
-def _open(path: str) -> IO[bytes]:
-    # stdin through a copy of its descriptor, so that closing it leaves sys.stdin alone.
-    return os.fdopen(os.dup(sys.stdin.fileno()), "rb") if path == "-" else open(path, "rb")
 
 
 def manifest_format(path: str, given: str | None) -> str:

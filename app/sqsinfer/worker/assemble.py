@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sqsinfer import config
+from sqsinfer import config, lineage
 from sqsinfer.aws.s3 import DataPath, Storage
 from sqsinfer.aws.session import Clients
 from sqsinfer.aws.sqs import BatchSender, Message, Sender, SqsQueue
-from sqsinfer.messages import MessageRules
+from sqsinfer.messages import MessageRules, filled_uri, placeholder_values
 from sqsinfer.metrics import Metrics
 from sqsinfer.worker.pipeline import Pipeline
 from sqsinfer.worker.pool import InferencePool
@@ -23,15 +23,31 @@ from sqsinfer.worker.visibility import VisibilityKeeper
 
 
 def message_rules(s: config.Settings, found: Dependencies) -> MessageRules:
+    """The worker's message rules, the output prefixes' placeholders filled once with its
+    model (the settings' checks made sure they can be)."""
     assert s.output_prefix is not None  # validated: a worker's output prefix is required
+    values = placeholder_values(found.model.sha256, s.model_version)
     return MessageRules(
         allowed_input_prefixes=s.allowed_input_prefixes,
-        allowed_output_prefixes=s.allowed_output_prefixes,
-        output_prefix=s.output_prefix,
+        allowed_output_prefixes=tuple(filled_uri(p, values) for p in s.allowed_output_prefixes),
+        output_prefix=filled_uri(s.output_prefix, values),
         output_suffix=s.output_suffix,
         max_message_bytes=s.max_message_bytes,
         dead_letter_max_bytes=found.dlq_max_message_bytes,
+        placeholders=values,
         message_shape=s.message_shape,
+    )
+
+
+def producer(s: config.Settings, found: Dependencies, pool: InferencePool) -> lineage.Producer:
+    """What this worker's outputs say made them (each value checked: the settings' at
+    load, the handler's version by the pool)."""
+    return lineage.Producer(
+        model_sha256=found.model.sha256,
+        handler=s.handler,
+        handler_version=pool.handler_version or lineage.UNKNOWN_VERSION,
+        worker=s.worker_id,
+        model_version=s.model_version,
     )
 
 
@@ -58,7 +74,7 @@ def pipeline(
         next_stage=next_stage,
         pool=pool,
         metrics=metrics,
-        model_sha256=found.model.sha256,
+        producer=producer(s, found, pool),
         max_receive_count=found.max_receive_count,
     )
 

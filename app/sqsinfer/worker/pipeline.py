@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from sqsinfer import backoff, events, tracing
+from sqsinfer import backoff, events, lineage, tracing
 from sqsinfer.aws.s3 import ObjectInfo, Storage
 from sqsinfer.aws.session import error_code
 from sqsinfer.aws.sqs import DeadLetter, Message, Sender, SqsQueue, dead_letter_copy
@@ -51,6 +51,7 @@ from sqsinfer.logs import Event
 from sqsinfer.messages import MessageRules, S3Uri, Task
 from sqsinfer.metrics import Metrics, Phase
 from sqsinfer.outcomes import Outcome
+from sqsinfer.shm import SharedInput
 from sqsinfer.worker.chain import Delivery, Linker, LinkNotSent
 from sqsinfer.worker.pool import InferencePool
 
@@ -290,7 +291,7 @@ class Pipeline:
     next_stage: Sender | None  # its client must not retry sends: `chain` counts each lost answer
     pool: InferencePool
     metrics: Metrics
-    model_sha256: str
+    producer: lineage.Producer  # what made this worker's outputs: their lineage
     max_receive_count: int | None = None  # the queue's redrive policy; None: retried forever
     outputs: OutputLocks = field(default_factory=OutputLocks)
     # The worker's: returns once the receive it has pending now (if any) has ended. A
@@ -408,7 +409,7 @@ class Pipeline:
                 existing = await self.storage.head(task.output)
         if existing is not None:
             held.release_slot()
-            self._check_owner(task, existing)
+            self._check_existing(held, task, existing)
             await self._chain(held, task)
             return Outcome.DUPLICATE
         held.step = Step.FETCHING
@@ -420,31 +421,38 @@ class Pipeline:
             result = await self._infer(held, task, shared.name, shared.size)
         held.step = Step.COMMITTING
         with Timer(held, self.metrics, Phase.COMMIT):
-            held.wrote = await self._commit(held, task, result["body"])
+            held.wrote = await self._commit(held, task, result, shared)
         held.release_slot()
         await self._chain(held, task)
         return Outcome.DUPLICATE  # committed when it wrote
 
-    async def _commit(self, held: Held, task: Task, body: bytes) -> bool:
+    async def _commit(
+        self, held: Held, task: Task, result: dict[str, Any], source: SharedInput
+    ) -> bool:
         """The conditional put of the output. True when this delivery's write stands."""
         content_type = formats.named(task.output_format).content_type
-        if await self.storage.commit(task.output, body, self._metadata(held), content_type):
+        metadata = self._metadata(held, result["sha256"], source)
+        if await self.storage.commit(task.output, result["body"], metadata, content_type):
             return True
         # A 412 can answer our own write: the SDK retries a put whose answer was lost in
         # a dropped connection. The delivery id in the metadata tells the two apart.
         existing = await self.storage.head(task.output)
         if existing is None:  # written and deleted again meanwhile: look again later
             raise OutputVanished(f"{task.output} answered 412, then was gone")
-        if existing.metadata.get("delivery") == held.delivery_id:
+        if existing.metadata.get(lineage.DELIVERY) == held.delivery_id:
             return True
-        self._check_owner(task, existing)
+        self._check_existing(held, task, existing)
         return False
 
-    @staticmethod
-    def _check_owner(task: Task, existing: ObjectInfo) -> None:
+    def _check_existing(self, held: Held, task: Task, existing: ObjectInfo) -> None:
         """An existing output is this task's (a duplicate) or a conflict: never handed on.
-        An event's output is this event's only when made from the same input and version."""
-        owner = existing.metadata.get("task-id")
+        An event's output is this event's only when made from the same input and version.
+
+        One of this task's written by another model stays a duplicate (the task is done;
+        its output is not this worker's to replace), counted and logged: a new model
+        meant to write beside the old one needs a per-model output prefix.
+        """
+        owner = existing.metadata.get(lineage.TASK_ID)
         if owner != task.task_id:
             whose = f"task {owner!r}" if owner else "no task (no task-id metadata)"
             raise InputError(
@@ -453,6 +461,18 @@ class Pipeline:
         other_input = events.provenance_conflict(task, existing.metadata)
         if other_input:
             raise InputError(OUTPUT_CONFLICT, other_input)
+        model = existing.metadata.get(lineage.MODEL_SHA256, "")
+        if model and model != self.producer.model_sha256:
+            self.metrics.other_model_outputs.inc()
+            log.warning(
+                Event.OUTPUT_OF_ANOTHER_MODEL,
+                extra=self._ids(held)
+                | {
+                    "output": str(task.output),
+                    "its_model": model,
+                    "model": self.producer.model_sha256,
+                },
+            )
 
     async def _infer(self, held: Held, task: Task, shm_name: str, size: int) -> dict[str, Any]:
         held.step = Step.WAITING
@@ -748,15 +768,18 @@ class Pipeline:
                 self.metrics.events.labels(body.shape, record.kind).inc()
 
     # -- bookkeeping ------------------------------------------------------------------
-    def _metadata(self, held: Held) -> dict[str, str]:
+    def _metadata(self, held: Held, output_sha256: str, source: SharedInput) -> dict[str, str]:
         assert held.task is not None
-        return {
-            "task-id": held.task.task_id,
-            "model-sha256": self.model_sha256,
-            "message-id": held.message.message_id,
-            "worker": self.settings.worker_id,
-            "delivery": held.delivery_id,
-        } | events.provenance(held.task)
+        written = lineage.Written(
+            task_id=held.task.task_id,
+            message_id=held.message.message_id,
+            delivery=held.delivery_id,
+            output_sha256=output_sha256,
+            input_etag=source.etag,
+            input_version_id=source.version_id,
+            input_uri_sha256=events.input_digest(held.task),
+        )
+        return lineage.output_metadata(self.producer, written)
 
     def _ids(self, held: Held) -> dict[str, Any]:
         ids = {

@@ -34,7 +34,7 @@ from multiprocessing import synchronize
 from multiprocessing import util as mp_util
 from typing import Any, TypeVar
 
-from sqsinfer import procfs
+from sqsinfer import lineage, procfs
 from sqsinfer.backoff import Backoff
 from sqsinfer.compute import inference
 from sqsinfer.compute.errors import ModelLoadError
@@ -49,6 +49,14 @@ _SPAWN_ATTEMPTS = 3
 # Restarts keep being tried, but after this many failures in a row (about 8 s) the pool
 # is reported unusable on /livez, so the kubelet replaces the pod.
 _UNUSABLE_AFTER = 3
+
+
+def _written_version(version: str) -> str:
+    """The handler's version, refused when output metadata cannot carry it."""
+    problem = lineage.value_problem(lineage.HANDLER_VERSION, version)
+    if problem:
+        raise ModelLoadError(f"the handler's version goes into every output's metadata: {problem}")
+    return version
 
 
 class PoolCrashed(Exception):
@@ -92,6 +100,8 @@ class InferencePool:
         self._closing = False
         self.startup_s = 0.0
         self.last_error = ""
+        # What the loaded handler reports as its version (for output metadata).
+        self.handler_version = ""
         # Told when a restart fails or succeeds: the worker acts on `stalled` at once.
         self.on_change: Callable[[], None] | None = None
 
@@ -127,6 +137,7 @@ class InferencePool:
                 )
                 continue
             slot.executor, slot.pid = executor, int(info["pid"])
+            self.handler_version = _written_version(str(info.get("handler_version", "")))
             break
         else:
             raise ModelLoadError(

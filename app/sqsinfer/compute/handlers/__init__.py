@@ -9,6 +9,7 @@ model in `load()`, not at import time.
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from sqsinfer.compute.errors import ModelLoadError
@@ -39,6 +40,10 @@ class Handler(Protocol):
     checks the hash of those bytes and hands them to `load_bytes`, so what is loaded is
     what was checked. A handler without it is given the path after the check, and reads
     the file a second time (a file replaced in between would be loaded unchecked).
+
+    Optional: `version`, a string written in every output's metadata (`handler-version`)
+    once the model is loaded. Without it, the version of the installed distribution the
+    handler's module comes from (`handler_version`).
     """
 
     def load(self, model_path: str, threads: int) -> None: ...
@@ -63,3 +68,18 @@ def import_handler(name: str) -> Handler:
     if not isinstance(handler, Handler):
         raise ModelLoadError(f"handler {name!r} has no load()/predict()")
     return handler
+
+
+def handler_version(handler: Handler) -> str:
+    """What a loaded handler says its version is (`version`), or the version of the
+    distribution its top-level package was installed from, or "unknown"."""
+    own = getattr(handler, "version", None)
+    if isinstance(own, str) and own:
+        return own
+    package = type(handler).__module__.split(".", 1)[0]
+    for dist in importlib.metadata.packages_distributions().get(package, []):
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "unknown"

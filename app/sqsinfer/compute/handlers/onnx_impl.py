@@ -21,6 +21,13 @@ class OnnxHandler:
         self.output_name = ""
         self.n_features = 0
 
+    @property
+    def version(self) -> str:
+        """ONNX Runtime's version: what decides the predictions, for output metadata."""
+        import onnxruntime
+
+        return str(onnxruntime.__version__)
+
     def load(self, model_path: str, threads: int) -> None:
         self._open(model_path, threads)
 

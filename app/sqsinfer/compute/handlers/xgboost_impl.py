@@ -14,6 +14,13 @@ class XGBoostHandler:
         self.booster: Any = None
         self.n_features = 0
 
+    @property
+    def version(self) -> str:
+        """XGBoost's own version: what decides the predictions, for output metadata."""
+        import xgboost
+
+        return str(xgboost.__version__)
+
     def load(self, model_path: str, threads: int) -> None:
         import xgboost
 
