@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -23,6 +24,13 @@ from sqsinfer.worker.lifecycle import Worker
 
 N_FEATURES = 8
 MAX_RECEIVE_COUNT = 3
+
+# Traces are off for the whole suite and the workers it starts as processes, whatever the
+# shell says (the otel extra is installed with the dev tools); the tracing tests turn them
+# on, pointed at a receiver of their own.
+for _name in [name for name in os.environ if name.startswith("OTEL_")]:
+    del os.environ[_name]
+os.environ["OTEL_SDK_DISABLED"] = "true"
 
 
 @pytest.fixture(autouse=True)

@@ -52,13 +52,18 @@ class ConfigError(Exception):
         super().__init__(f"{self.setting} (--{name.replace('_', '-')}): {problem}")
 
 
-class AwsConfigError(ConfigError):
-    """A variable of AWS's own configuration (or the AWS config file) that the SDK reads
-    for the worker is invalid, or names what the worker cannot honour; names it."""
+class ExternalConfigError(ConfigError):
+    """A variable of another library's configuration that the worker reads (AWS's,
+    OpenTelemetry's) is invalid, or names what the worker cannot honour; names it."""
 
     def __init__(self, variable: str, problem: str) -> None:
         self.setting = variable
         Exception.__init__(self, f"{variable}: {problem}")
+
+
+class AwsConfigError(ExternalConfigError):
+    """A variable of AWS's own configuration (or the AWS config file) that the SDK reads
+    for the worker is invalid, or names what the worker cannot honour; names it."""
 
 
 def env_name(name: str) -> str:

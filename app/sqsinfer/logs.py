@@ -98,6 +98,9 @@ class Event(StrEnum):
     CANNOT_LOCK_SEGMENTS = "cannot lock the owner file of this worker's segments"
     # the command
     CANNOT_START = "cannot start"
+    # traces
+    TRACING_UNAVAILABLE = "OTEL_ variables set, but the otel extra is not installed: no traces"
+    TRACES_NOT_FLUSHED = "traces not all exported before the exit"
     # sqsinfer enqueue
     OUTPUT_CHECK_FAILED = "cannot check the output, sending the task"
     # sqsinfer redrive

@@ -22,6 +22,7 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.openmetrics import exposition as openmetrics
 
 from sqsinfer import procfs
 from sqsinfer.events import EVENT_SHAPES, Kind
@@ -199,9 +200,13 @@ class Metrics:
     def observe(self, phase: Phase, seconds: float) -> None:
         self.phase_seconds.labels(phase).observe(seconds)
 
-    def outcome(self, outcome: Outcome, seconds: float) -> None:
+    def outcome(
+        self, outcome: Outcome, seconds: float, exemplar: dict[str, str] | None = None
+    ) -> None:
+        """Count a message's outcome; `exemplar` (a sampled task's trace id) goes with its
+        duration, shown in the OpenMetrics exposition."""
         self.tasks.labels(outcome).inc()
-        self.task_seconds.labels(outcome).observe(seconds)
+        self.task_seconds.labels(outcome).observe(seconds, exemplar)
         self.outcomes[outcome] += 1
 
     def running(self, version: str, model_sha256: str, handler: str) -> None:
@@ -238,7 +243,10 @@ class Metrics:
         # This event carries no operation model: its name ends with the operation's.
         self.aws_errors.labels(event_name.rsplit(".", 1)[-1]).inc()
 
-    def render(self) -> bytes:
+    def render(self, openmetrics_format: bool = False) -> bytes:
+        """The Prometheus text exposition, or OpenMetrics (which alone carries exemplars)."""
+        if openmetrics_format:
+            return bytes(openmetrics.generate_latest(self.registry))  # type: ignore[no-untyped-call]
         return generate_latest(self.registry)
 
 

@@ -89,6 +89,27 @@ def test_quick_run_with_the_onnx_handler(tmp_path):
     assert "ONNX MLP" in done.stdout
 
 
+def test_quick_run_of_the_traced_worker_reports_what_tracing_costs(tmp_path):
+    """The worker traced, every span exported to the bench's receiver, paired with the
+    untraced worker: the difference of the worker process's CPU per task is reported."""
+    out = tmp_path / "out"
+    argv = [sys.executable, "-m", "sqsinfer", "bench", "--quick", "--out-dir", str(out)]
+    argv += ["--scenarios", "sqsinfer,sqsinfer-traced", "--cache-dir", str(tmp_path / "cache")]
+    env = {k: v for k, v in os.environ.items() if k != "OTEL_SDK_DISABLED"}
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=170, check=False, env=env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    found = json.loads((out / "bench-quick.json").read_text())
+    traced = found["scenarios"]["sqsinfer-traced"]
+    assert "error" not in traced and traced["tasks"] > 0
+    assert traced["traces_exported"]["requests"] > 0 and traced["traces_exported"]["bytes"] > 0
+    assert "traces_exported" not in found["scenarios"]["sqsinfer"]  # untraced, not exported
+    assert isinstance(found["ratios"]["tracing_cpu_ms_per_task"], float)
+    hooks = found["tracing_hooks"]
+    assert hooks["flushed"] and hooks["exported_bytes_per_task"] > 0
+    assert hooks["traced_cpu_ms_per_task"] > hooks["off_cpu_ms_per_task"] > 0
+    assert "tracing every task" in done.stdout and "tracing alone" in done.stdout
+
+
 @pytest.mark.parametrize(
     ("handler", "asked", "error"),
     [
@@ -179,6 +200,29 @@ def test_the_feeder_never_lets_more_than_a_hundred_messages_wait():
     assert json.loads(feeder.body(7))["task_id"] == "t-000007"
 
 
+def test_a_feeder_at_a_rate_sends_no_more_than_the_rate_allows(monkeypatch):
+    clock = [1000.0]
+    monkeypatch.setattr(feeding.time, "monotonic", lambda: clock[0])
+
+    class Sqs:
+        def send_message_batch(self, QueueUrl: str, Entries: list[dict[str, str]]) -> dict:
+            return {"Successful": Entries}
+
+    feeder = feeding.Feeder(Sqs(), "q", feeding.cycling("t", ["s3://b/in/0.npy"]))
+    backlog = feeding.Backlog(feeder, depth=90, in_flight=10, per_s=20.0)
+    backlog.top_up(0)
+    assert feeder.sent == 10  # one batch at the start, though the backlog has room for 90
+    clock[0] += 0.4
+    backlog.top_up(10)
+    assert feeder.sent == 10  # 8 more due: not a whole batch yet
+    clock[0] += 1.6
+    backlog.top_up(10)
+    assert feeder.sent == 50  # 40 due in 2 s, plus the first batch
+    clock[0] += 100
+    backlog.top_up(10)
+    assert feeder.sent - 10 == 100  # the backlog's own bound still holds: 100 unfinished
+
+
 def test_phase_means_and_the_unaccounted_rest():
     records = [
         {"seconds": 0.010, "phases": {"receive": 0.5, "s3_get": 0.002, "infer": 0.006}},
@@ -239,6 +283,18 @@ def test_ratios_and_targets_from_scenario_results():
     assert checks["worker_process_cpu_ms_per_task"]["met"] is True  # 1.0 <= 5
     assert checks["busy_share"]["met"] is None  # not measured here
     assert checks["pool_ready_s"]["met"] is True
+    assert "tracing_cpu_ms_per_task" not in checks  # its scenario did not run
+
+
+def test_tracing_cost_is_the_traced_workers_process_cpu_beyond_the_untraced_one():
+    scenarios = {
+        "sqsinfer": {"tasks_per_s": 38.0, "cpu_s_per_task_outside_spawned": 0.0012},
+        "sqsinfer-traced": {"tasks_per_s": 37.0, "cpu_s_per_task_outside_spawned": 0.0014},
+    }
+    found = report.ratios(scenarios)
+    assert found["tracing_cpu_ms_per_task"] == pytest.approx(0.2)
+    checks = report.targets("medium", found, None, None)
+    assert checks["tracing_cpu_ms_per_task"] == {"target": "<= 0.3", "measured": 0.2, "met": True}
 
 
 def test_ratios_are_taken_within_each_run_then_their_median():

@@ -412,7 +412,7 @@ class _Worker:
     def readyz(self) -> tuple[bool, str]:
         return self.ready, "" if self.ready else "starting"
 
-    def metrics_text(self) -> bytes:
+    def metrics_text(self, openmetrics_format: bool = False) -> bytes:
         return b"# nothing\n"
 
 

@@ -202,6 +202,18 @@ def test_dashboard_uses_only_exposed_metrics_and_labels():
     assert "keda_scaler_metrics_value" in used
 
 
+def test_dashboard_links_slow_tasks_to_their_traces():
+    """A panel of the task-duration histogram asks for its exemplars (each a trace id)."""
+    doc = json.loads(DASHBOARD.read_text())
+    with_exemplars = [
+        target["expr"]
+        for panel in doc["panels"]
+        for target in panel.get("targets", [])
+        if target.get("exemplar")
+    ]
+    assert any("sqsinfer_task_seconds_bucket" in expr for expr in with_exemplars)
+
+
 def test_dashboard_filters_by_namespace_and_job():
     doc = json.loads(DASHBOARD.read_text())
     for expr in _panel_exprs(doc):

@@ -34,6 +34,7 @@ from typing import Any, Generic, TypeVar
 
 import orjson
 
+from sqsinfer import tracing
 from sqsinfer.limits import (
     SQS_BATCH_MAX,
     SQS_BATCH_MAX_BYTES,
@@ -42,6 +43,7 @@ from sqsinfer.limits import (
 )
 from sqsinfer.logs import Event
 from sqsinfer.messages import xml_safe
+from sqsinfer.tracing import AWS_TRACE_HEADER, TRACEPARENT, TRACESTATE, TaskTrace
 
 log = logging.getLogger("sqsinfer.queue")
 
@@ -65,6 +67,7 @@ BODY_TRUNCATED_ATTR = "sqsinfer.body_truncated"
 _DETAIL_MAX_CHARS = 1000
 _DETAIL_MIN_CHARS = 100
 _DETAIL_OVERHEAD = len(DETAIL_ATTR) + len("String")
+_TRACE_ATTRS = frozenset({TRACEPARENT, TRACESTATE})
 
 
 @dataclass(eq=False)
@@ -75,8 +78,11 @@ class Message:
     receive_count: int
     attributes: dict[str, Any] = field(default_factory=dict)
     received_at: float = field(default_factory=time.monotonic)
+    trace_header: str = ""  # the AWSTraceHeader system attribute (X-Ray), if the producer set one
     # Set when its delete or hand-back is asked for: it is extended no more.
     settled: bool = field(default=False, init=False)
+    # Its task's trace, once the worker started one (the batch calls of its message link to it).
+    trace: TaskTrace = field(default=tracing.NO_TRACE, init=False, repr=False)
 
     @classmethod
     def from_sqs(cls, raw: dict[str, Any]) -> Message:
@@ -87,6 +93,7 @@ class Message:
             body=raw.get("Body", ""),
             receive_count=int(system.get("ApproximateReceiveCount", 1)),
             attributes=raw.get("MessageAttributes", {}) or {},
+            trace_header=str(system.get(AWS_TRACE_HEADER, "")),
         )
 
 
@@ -119,11 +126,22 @@ def _succeeded(ok: dict[str, Any] | None, failed: dict[str, Any] | None) -> bool
     return ok is not None
 
 
+# What the span of a batch call is named after (`<operation> <queue>`), by batcher name.
+_OPERATIONS = {
+    "delete": "DeleteMessageBatch",
+    "visibility": "ChangeMessageVisibilityBatch",
+    "send": "SendMessageBatch",
+}
+_Pending = tuple[dict[str, Any], asyncio.Future[T], TaskTrace]
+
+
 class EntryBatcher(Generic[T]):
     """Collects single entries into batch calls; each submitter awaits its own result.
 
     A batch goes out when it has ten entries, when adding one would pass `max_bytes`
-    (0: no limit; `size` measures an entry), or `linger_s` after its first entry.
+    (0: no limit; `size` measures an entry), or `linger_s` after its first entry. Each
+    call is traced (with `destination`, the queue's URL) as a span of its own, linked to
+    the traces of the tasks whose entries it carries.
     """
 
     def __init__(
@@ -135,6 +153,7 @@ class EntryBatcher(Generic[T]):
         *,
         max_bytes: int = 0,
         size: Callable[[dict[str, Any]], int] = lambda entry: 0,
+        destination: str = "",
     ) -> None:
         self.name = name
         self._call = call
@@ -142,19 +161,23 @@ class EntryBatcher(Generic[T]):
         self._linger_s = linger_s
         self._max_bytes = max_bytes
         self._size = size
-        self._pending: list[tuple[dict[str, Any], asyncio.Future[T]]] = []
+        self._span = (_OPERATIONS.get(name, name), destination)
+        self._pending: list[_Pending[T]] = []
         self._pending_bytes = 0
         self._timer: asyncio.TimerHandle | None = None
         self._sending: set[asyncio.Task[None]] = set()
 
-    def submit(self, entry: dict[str, Any]) -> asyncio.Future[T]:
-        """Queue one entry; the future gets what `resolve` makes of the service's answer."""
+    def submit(self, entry: dict[str, Any], trace: TaskTrace | None = None) -> asyncio.Future[T]:
+        """Queue one entry; the future gets what `resolve` makes of the service's answer.
+
+        `trace`: the task the entry serves (default: the current one, `tracing.current`).
+        """
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
         size = self._size(entry) if self._max_bytes else 0
         if self._pending and self._pending_bytes + size > self._max_bytes > 0:
             self._flush()
-        self._pending.append((entry, future))
+        self._pending.append((entry, future, trace or tracing.current()))
         self._pending_bytes += size
         if len(self._pending) >= SQS_BATCH_MAX:
             self._flush()
@@ -173,12 +196,15 @@ class EntryBatcher(Generic[T]):
             task.add_done_callback(self._sending.discard)
         self._pending_bytes = 0
 
-    async def _send(self, batch: list[tuple[dict[str, Any], asyncio.Future[T]]]) -> None:
-        entries = [dict(entry, Id=str(i)) for i, (entry, _) in enumerate(batch)]
+    async def _send(self, batch: list[_Pending[T]]) -> None:
+        entries = [dict(entry, Id=str(i)) for i, (entry, _, _) in enumerate(batch)]
+        operation, destination = self._span
+        kind = "producer" if operation == "SendMessageBatch" else "client"
         try:
-            response = await self._call(entries)
+            with tracing.batch(operation, destination, [t for _, _, t in batch], kind):
+                response = await self._call(entries)
         except Exception as exc:  # whatever became of the call, it became of every entry
-            for _, future in batch:
+            for _, future, _ in batch:
                 if not future.done():
                     future.set_exception(exc)
             return
@@ -189,7 +215,7 @@ class EntryBatcher(Generic[T]):
                 Event.BATCH_ENTRY_FAILED,
                 extra={"call": self.name, "code": item.get("Code"), "error": item.get("Message")},
             )
-        for i, (_, future) in enumerate(batch):
+        for i, (_, future, _) in enumerate(batch):
             if future.done():
                 continue
             try:
@@ -207,8 +233,10 @@ class EntryBatcher(Generic[T]):
 class Batcher(EntryBatcher[bool]):
     """Deletes and visibility changes: each submitter learns whether its entry succeeded."""
 
-    def __init__(self, name: str, call: BatchCall, linger_s: float = LINGER_S) -> None:
-        super().__init__(name, call, _succeeded, linger_s)
+    def __init__(
+        self, name: str, call: BatchCall, linger_s: float = LINGER_S, destination: str = ""
+    ) -> None:
+        super().__init__(name, call, _succeeded, linger_s, destination=destination)
 
 
 class SqsQueue:
@@ -217,8 +245,8 @@ class SqsQueue:
     def __init__(self, client: Any, url: str) -> None:
         self.client = client
         self.url = url
-        self._deletes = Batcher("delete", self._delete_batch)
-        self._visibility = Batcher("visibility", self._visibility_batch)
+        self._deletes = Batcher("delete", self._delete_batch, destination=url)
+        self._visibility = Batcher("visibility", self._visibility_batch, destination=url)
         # Extension calls in flight, by message (given up on or not): a visibility settle
         # waits for them.
         self._extending: dict[Message, set[asyncio.Task[dict[str, Any]]]] = {}
@@ -231,10 +259,12 @@ class SqsQueue:
             MaxNumberOfMessages=max(1, min(max_messages, SQS_BATCH_MAX)),
             WaitTimeSeconds=wait_s,
             VisibilityTimeout=visibility_s,
-            MessageSystemAttributeNames=["ApproximateReceiveCount"],
+            # The count, and X-Ray's trace header (the parent of a task's trace when the
+            # producer set no `traceparent`).
+            MessageSystemAttributeNames=["ApproximateReceiveCount", AWS_TRACE_HEADER],
             # The older name of the same list, for services that know only it (older moto,
             # some emulators): without the count, every delivery looks like a first.
-            AttributeNames=["ApproximateReceiveCount"],
+            AttributeNames=["ApproximateReceiveCount", AWS_TRACE_HEADER],
             MessageAttributeNames=["All"],
         )
         return [Message.from_sqs(raw) for raw in response.get("Messages", [])]
@@ -242,7 +272,7 @@ class SqsQueue:
     # -- settles: the end of a hold ------------------------------------------------
     def delete(self, message: Message) -> asyncio.Future[bool]:
         message.settled = True
-        return self._deletes.submit({"ReceiptHandle": message.receipt_handle})
+        return self._deletes.submit({"ReceiptHandle": message.receipt_handle}, message.trace)
 
     def set_visibility(self, message: Message, seconds: int) -> asyncio.Future[bool]:
         """Hand the message back (visible after `seconds`), after any extension under way."""
@@ -250,20 +280,22 @@ class SqsQueue:
         entry = {"ReceiptHandle": message.receipt_handle, "VisibilityTimeout": int(seconds)}
         calls = self._extending.get(message)
         if not calls:
-            return self._visibility.submit(entry)
-        task = asyncio.get_running_loop().create_task(self._after(set(calls), entry))
+            return self._visibility.submit(entry, message.trace)
+        task = asyncio.get_running_loop().create_task(self._after(set(calls), entry, message))
         self._deferred.add(task)
         task.add_done_callback(self._deferred.discard)
         return task
 
-    async def _after(self, calls: set[asyncio.Task[dict[str, Any]]], entry: dict[str, Any]) -> bool:
+    async def _after(
+        self, calls: set[asyncio.Task[dict[str, Any]]], entry: dict[str, Any], message: Message
+    ) -> bool:
         hurry = asyncio.get_running_loop().create_task(self._hurry.wait())
         try:
             while (pending := {c for c in calls if not c.done()}) and not hurry.done():
                 await asyncio.wait(pending | {hurry}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             hurry.cancel()
-        return await self._visibility.submit(entry)
+        return await self._visibility.submit(entry, message.trace)
 
     def hurry(self) -> None:
         """From now on settles wait for no extension in flight (shutdown: the time left
@@ -296,7 +328,7 @@ class SqsQueue:
             {"Id": str(i), "ReceiptHandle": m.receipt_handle, "VisibilityTimeout": int(seconds)}
             for i, m in enumerate(held)
         ]
-        call = asyncio.get_running_loop().create_task(self._visibility_batch(entries))
+        call = asyncio.get_running_loop().create_task(self._traced_extension(entries, held))
         for message in held:
             self._extending.setdefault(message, set()).add(call)
         call.add_done_callback(lambda done: self._forget(done, held))
@@ -326,6 +358,13 @@ class SqsQueue:
         while self._deferred:
             await asyncio.gather(*list(self._deferred), return_exceptions=True)
         await asyncio.gather(self._deletes.drain(), self._visibility.drain())
+
+    async def _traced_extension(
+        self, entries: list[dict[str, Any]], messages: list[Message]
+    ) -> dict[str, Any]:
+        traces = [m.trace for m in messages]
+        with tracing.batch("ChangeMessageVisibilityBatch", self.url, traces):
+            return await self._visibility_batch(entries)
 
     async def _delete_batch(self, entries: list[dict[str, Any]]) -> dict[str, Any]:
         result: dict[str, Any] = await self.client.delete_message_batch(
@@ -418,21 +457,30 @@ def dead_letter_copy(
     detail: str,
     source_queue: str,
     max_message_bytes: int = SQS_DEFAULT_MAX_MESSAGE_BYTES,
+    *,
+    trace: dict[str, Any] | None = None,
 ) -> DeadLetter:
     """The DLQ copy of a rejected message: always sendable, always with its reason.
 
     Every string is held to what SQS accepts (characters outside the XML range are
     escaped) and the whole copy to the DLQ's `max_message_bytes`, which counts the body
     and every attribute. What fits is kept in this order: the reason and where the
-    message came from; the body; the first `_DETAIL_MIN_CHARS` of the detail; the
-    original attributes, as many as fit; the rest of the detail. A body too large to sit
-    beside the reason is cut, and `sqsinfer.body_truncated` gives its original size.
+    message came from; the trace context's `traceparent`; the body; the first
+    `_DETAIL_MIN_CHARS` of the detail; the original attributes, as many as fit in count
+    (SQS allows ten) and size; its `tracestate`; the rest of the detail. A body too large
+    to sit beside the reason is cut, and `sqsinfer.body_truncated` gives its original size.
+
+    The trace context is `trace` (the task's, as message attributes) when given, else the
+    original message's own `traceparent` and `tracestate`.
     """
+    context = _trace_context(trace or message.attributes)
     own = {
         REASON_ATTR: _string_attr(reason),
         SOURCE_ID_ATTR: _string_attr(message.message_id),
         SOURCE_QUEUE_ATTR: _string_attr(source_queue),
     }
+    if TRACEPARENT in context:
+        own[TRACEPARENT] = context[TRACEPARENT]
     room = max_message_bytes - message_size("", own)
     detail = xml_safe(detail)[:_DETAIL_MAX_CHARS] or "-"
     detail_floor = _attribute_size(DETAIL_ATTR, _string_attr(detail[:_DETAIL_MIN_CHARS]))
@@ -445,22 +493,46 @@ def dead_letter_copy(
         own[DETAIL_ATTR] = _string_attr(detail[:_DETAIL_MIN_CHARS])
         return DeadLetter(body, own)
     room -= _utf8_size(body) + detail_floor
-    kept = _kept_attributes(message.attributes, room, SQS_MAX_ATTRIBUTES - len(own) - 1)
+    slots = SQS_MAX_ATTRIBUTES - len(own) - 1
+    kept = _kept_attributes(message.attributes, room, slots)
+    state = context.get(TRACESTATE)
+    if (
+        state is not None
+        and TRACEPARENT in own
+        and len(kept) < slots
+        and _attribute_size(TRACESTATE, state) <= room - message_size("", kept)
+    ):
+        kept[TRACESTATE] = state
     room -= message_size("", kept)
     # The floor is already counted: the detail may grow into what the attributes left.
     own[DETAIL_ATTR] = _string_attr(_cut(detail, room + detail_floor - _DETAIL_OVERHEAD))
     return DeadLetter(body, kept | own)
 
 
+def _clean(value: dict[str, Any]) -> dict[str, Any]:
+    clean = dict(value)
+    if "StringValue" in clean:
+        clean["StringValue"] = xml_safe(clean["StringValue"])
+    return clean
+
+
+def _trace_context(attributes: dict[str, Any]) -> dict[str, Any]:
+    """The W3C trace context among message attributes, held to what SQS accepts."""
+    return {
+        name: _clean(attributes[name])
+        for name in (TRACEPARENT, TRACESTATE)
+        if isinstance(attributes.get(name), dict)
+    }
+
+
 def _kept_attributes(original: dict[str, Any], room: int, max_count: int) -> dict[str, Any]:
-    """The original attributes that fit in `room` bytes, in order, at most `max_count`."""
+    """The original attributes that fit in `room` bytes, in order, at most `max_count`
+    (sqsinfer's own and the trace context aside: the copy has its own of each)."""
     kept: dict[str, Any] = {}
     for name, value in original.items():
-        if name.startswith(OWN_ATTR_PREFIX) or len(kept) >= max_count:
+        if name.startswith(OWN_ATTR_PREFIX) or name in _TRACE_ATTRS or len(kept) >= max_count:
             continue
-        clean = dict(value)
-        if "StringValue" in clean:
-            clean["StringValue"] = xml_safe(clean["StringValue"])
+        clean = _clean(value)
         size = _attribute_size(name, clean)
         if size <= room:
             kept[name] = clean
@@ -492,7 +564,8 @@ class Sender:
 
     async def send(self, body: str | bytes, attributes: dict[str, Any] | None = None) -> str:
         """Send one message; its MessageId."""
-        response = await self.client.send_message(QueueUrl=self.url, **_entry(body, attributes))
+        with tracing.current().call("SendMessage", self.url, "producer"):
+            response = await self.client.send_message(QueueUrl=self.url, **_entry(body, attributes))
         return str(response["MessageId"])
 
     async def drain(self) -> None:
@@ -539,6 +612,7 @@ class BatchSender(Sender):
             linger_s,
             max_bytes=SQS_BATCH_MAX_BYTES,
             size=_entry_size,
+            destination=url,
         )
 
     async def send(self, body: str | bytes, attributes: dict[str, Any] | None = None) -> str:

@@ -16,6 +16,7 @@ BENCH_EPILOG = """\
 Scenarios (each on its own fresh queues and bucket of a local moto server):
   compute-only                   decode + predict in N processes: no queue, no S3 (the limit)
   sqsinfer                       the real worker (python -m sqsinfer worker), N processes
+  sqsinfer-traced                the same, every task traced and exported (only when named)
   http-service                   consumer POSTs each input as JSON to N model-service processes
   http-service-load-per-request  the same, the service loading the model per request
   naive                          N processes of sync boto3, one message at a time
@@ -26,6 +27,7 @@ examples:
   sqsinfer bench --quick               # a smoke run in under a minute (asserts no speed)
   sqsinfer bench --regime medium --repeat 3 --plot
   sqsinfer bench --handler onnx --regime medium   # an ONNX MLP of the same cost per task
+  sqsinfer bench --regime medium --scenarios sqsinfer,sqsinfer-traced   # tracing's CPU
 Writes <out-dir>/bench-<regime>.json (bench-<regime>-onnx.json with --handler onnx; and
 bench.png with --plot, which needs matplotlib). With --handler onnx the scenarios are those
 that run the worker's handler: compute-only, sqsinfer, emulator-ceiling.
@@ -52,7 +54,11 @@ def add_parser(sub: Any) -> None:
         default="xgboost",
         help="the model kind: XGBoost trees, or an ONNX MLP of the same cost (xgboost)",
     )
-    p.add_argument("--scenarios", default="", help="comma-separated subset (default: all)")
+    p.add_argument(
+        "--scenarios",
+        default="",
+        help="comma-separated subset (default: all but sqsinfer-traced)",
+    )
     p.add_argument("--processes", type=int, default=0, help="processes (default: usable CPUs)")
     p.add_argument("--threads-per-process", type=int, default=1, help="model threads (1)")
     p.add_argument(
@@ -63,6 +69,13 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument(
         "--queue-depth", type=int, default=20, help="messages the feeder keeps waiting (20)"
+    )
+    p.add_argument(
+        "--rate",
+        type=float,
+        default=0.0,
+        help="tasks fed a second at most, the same for every scenario (default: as fast "
+        "as each takes them)",
     )
     p.add_argument("--tasks", type=int, default=0, help="tasks measured per scenario")
     p.add_argument("--warmup", type=int, default=-1, help="tasks finished before measuring")

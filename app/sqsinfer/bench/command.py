@@ -20,12 +20,13 @@ from typing import Any
 import orjson
 
 from sqsinfer import config
-from sqsinfer.bench import handoff, report, runner, workload
+from sqsinfer.bench import handoff, report, runner, tracecost, workload
 from sqsinfer.lab import standin
 
 _FULL_REGIMES = ["medium", "heavy"]
 _HANDOFF_REPS = {True: 20, False: 300}
 _POOL_REPEATS = {True: 1, False: 3}
+_TRACED_TASKS = {True: 500, False: 5000}  # the tracing micro-benchmark's
 
 
 def _regimes(args: argparse.Namespace) -> list[workload.Regime]:
@@ -60,7 +61,7 @@ def _scenarios(args: argparse.Namespace) -> list[runner.Scenario]:
             f"sqsinfer bench: {', '.join(refused)} run(s) XGBoost itself, not --handler "
             f"{args.handler}; choose from {', '.join(s.name for s in runnable)}"
         )
-    return [s for s in runnable if not wanted or s.name in wanted]
+    return [s for s in runnable if s.name in wanted or (not wanted and s.default)]
 
 
 def _sha256(path: str) -> str:
@@ -99,6 +100,7 @@ def run_regime(
         profile=args.profile,
         cpus=config.available_cpus(),
         handler=args.handler,
+        rate_per_s=args.rate,
     )
     if "handoff" not in shared:
         _progress("handoff micro-benchmark (2 MB array)")
@@ -109,6 +111,9 @@ def run_regime(
     pool = asyncio.run(
         handoff.pool_startup(model, ctx.processes, _POOL_REPEATS[args.quick], args.handler)
     )
+    if "tracing" not in shared and "sqsinfer-traced" in {s.name for s in _scenarios(args)}:
+        _progress("tracing micro-benchmark (a task's spans, exported)")
+        shared["tracing"] = tracecost.measure(_TRACED_TASKS[args.quick])
     runs = _run_scenarios(args, ctx, moto)
     extras = {
         "quick": bool(args.quick),
@@ -119,6 +124,7 @@ def run_regime(
             "threads_per_process": ctx.threads,
             "prefetch": ctx.prefetch,
             "queue_depth": ctx.queue_depth,
+            "rate_per_s": ctx.rate_per_s,
             "seed": ctx.seed,
             "handler": ctx.handler,
             "repeat": args.repeat,
@@ -132,6 +138,8 @@ def run_regime(
         "handoff": shared["handoff"],
         "pool_startup": pool,
     }
+    if "tracing" in shared:
+        extras["tracing_hooks"] = shared["tracing"]
     return report.build(regime, runs, extras)
 
 
@@ -188,6 +196,9 @@ def main(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     if args.repeat < 0:
         print("sqsinfer bench: --repeat must be at least 1", file=sys.stderr)
+        return 2
+    if not args.rate >= 0:  # NaN too
+        print("sqsinfer bench: --rate must be 0 (no limit) or more", file=sys.stderr)
         return 2
     args.repeat = args.repeat or (1 if args.quick else 3)
     regimes = _regimes(args)

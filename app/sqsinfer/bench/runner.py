@@ -11,6 +11,7 @@ from the kernel's counters of the scenario's processes between the two snapshots
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import logging
 import os
 import signal
@@ -26,6 +27,7 @@ import psutil
 
 from sqsinfer import config
 from sqsinfer.bench import emulator, probe, profile
+from sqsinfer.bench.otlp import OtlpReceiver
 from sqsinfer.bench.workload import Regime
 from sqsinfer.lab import feeder as feeding
 from sqsinfer.lab import stage, standin
@@ -63,6 +65,7 @@ class Scenario:
     label: str
     uses_queue: bool = True
     any_handler: bool = True  # False: it runs XGBoost itself, not the worker's handler
+    default: bool = True  # False: run only when --scenarios names it
 
 
 SCENARIOS: tuple[Scenario, ...] = (
@@ -72,6 +75,12 @@ SCENARIOS: tuple[Scenario, ...] = (
         uses_queue=False,
     ),
     Scenario("sqsinfer", "the real worker: `python -m sqsinfer worker`, N processes"),
+    Scenario(
+        "sqsinfer-traced",
+        "the real worker with every task traced (100 % sampled), exported over OTLP/HTTP "
+        "to a receiver in the bench process",
+        default=False,
+    ),
     Scenario(
         "http-service",
         "async consumer POSTs each input as JSON to N model-service processes (aiohttp)",
@@ -93,6 +102,11 @@ SCENARIOS: tuple[Scenario, ...] = (
     ),
 )
 SCENARIO_NAMES = tuple(s.name for s in SCENARIOS)
+# The scenarios that run the real worker (`python -m sqsinfer worker`).
+WORKERS = frozenset({"sqsinfer", "sqsinfer-traced"})
+# The worker's traces: off in `sqsinfer` whatever the bench's environment says (so it
+# measures the untraced worker), all of them exported in `sqsinfer-traced`.
+_UNTRACED = {"OTEL_SDK_DISABLED": "true"}
 
 
 @dataclass
@@ -115,6 +129,7 @@ class Context:
     profile: bool = False  # sample the worker with py-spy during its window
     handler: str = "xgboost"  # the worker's SQSINFER_HANDLER for this regime's model
     cpus: int = 0  # CPUs the machine gives this run (for the CPU-bound estimate)
+    rate_per_s: float = 0.0  # tasks fed a second at most (0: as fast as they are taken)
 
     def in_flight(self, name: str) -> int:
         """Messages the scenario may hold at once (the feeder keeps the depth beyond them)."""
@@ -123,7 +138,7 @@ class Context:
         # auto: the worker may reach its max_prefetch; the other consumers keep the fixed
         # prefetch they were measured with before auto existed (auto's starting point).
         max_prefetch = config.Settings.max_prefetch
-        if name == "sqsinfer":
+        if name in WORKERS:
             held = inflight.most(self.processes, self.prefetch, max_prefetch)
         else:
             held = inflight.starting(self.processes, self.prefetch, max_prefetch)
@@ -200,15 +215,20 @@ def _child_config(ctx: Context, name: str, res: emulator.Resources | None) -> di
     }
 
 
-def launch(ctx: Context, name: str, res: emulator.Resources | None) -> Launched:
+def launch(
+    ctx: Context, name: str, res: emulator.Resources | None, traces: dict[str, str] | None = None
+) -> Launched:
+    """Start a scenario's process tree; a worker's traces go where `traces` says (None: off)."""
     stem = os.path.join(ctx.work_dir, f"{ctx.regime.name}-{name}")
     log_path = stem + ".log"
     env = {**os.environ, **standin.FAKE_CREDENTIALS}
     port = 0
-    if name == "sqsinfer":
+    if name in WORKERS:
         assert res is not None
         port = standin.free_port()
-        env = _sqsinfer_env(ctx, res, port)
+        env = _sqsinfer_env(ctx, res, port) | (traces or _UNTRACED)
+        if traces is not None:
+            env.pop("OTEL_SDK_DISABLED", None)
         argv = [sys.executable, "-m", "sqsinfer", "worker"]
     else:
         with open(stem + ".json", "wb") as fh:
@@ -482,6 +502,17 @@ def _sqsinfer_extras(
         result["aws_calls_per_task"] = per_operation
 
 
+def _receiver(name: str) -> contextlib.AbstractContextManager[OtlpReceiver | None]:
+    """A receiver for the traced worker's spans (none for the other scenarios)."""
+    if name != "sqsinfer-traced":
+        return contextlib.nullcontext()
+    try:
+        importlib.metadata.version("opentelemetry-exporter-otlp-proto-http")
+    except importlib.metadata.PackageNotFoundError:
+        raise ScenarioFailed("needs the otel extra: pip install 'sqsinfer[otel]'") from None
+    return OtlpReceiver()
+
+
 def run_scenario(ctx: Context, scenario: Scenario, s3: Any, sqs: Any) -> dict[str, Any]:
     name = scenario.name
     res = None
@@ -492,20 +523,28 @@ def run_scenario(ctx: Context, scenario: Scenario, s3: Any, sqs: Any) -> dict[st
             feeding.Feeder(sqs, res.queue_url, feeding.cycling(name, res.inputs)),
             ctx.queue_depth,
             ctx.in_flight(name),
+            ctx.rate_per_s,
         )
     profile_path = ""
-    if ctx.profile and name == "sqsinfer":
+    if ctx.profile and name in WORKERS:
         profile_path = os.path.join(ctx.work_dir, f"profile-{ctx.regime.name}-{name}.txt")
-    launched = launch(ctx, name, res)
-    try:
-        tracker = Tracker(launched, feeder)
-        tracker.facts["startup_wall_s"] = round(tracker.wait_ready(), 3)
-        first, last = measure(ctx, tracker, profile_path)
-        result = summarize(ctx, name, tracker, first, last)
-        if name == "sqsinfer":
-            _sqsinfer_extras(result, tracker, first, last)
-    finally:
-        stop(launched)
+    with _receiver(name) as receiver:
+        traces = receiver.exporter_env() if receiver is not None else None
+        launched = launch(ctx, name, res, traces)
+        try:
+            tracker = Tracker(launched, feeder)
+            tracker.facts["startup_wall_s"] = round(tracker.wait_ready(), 3)
+            first, last = measure(ctx, tracker, profile_path)
+            result = summarize(ctx, name, tracker, first, last)
+            if name in WORKERS:
+                _sqsinfer_extras(result, tracker, first, last)
+        finally:
+            stop(launched)
+        if receiver is not None:
+            result["traces_exported"] = {
+                "requests": receiver.requests,
+                "bytes": receiver.received_bytes,
+            }
     if profile_path and os.path.exists(profile_path):
         found = profile.summarize(profile_path, launched.process.pid)
         result["profile"] = found | {"file": profile_path}

@@ -4,7 +4,7 @@ moto's SQS rescans a queue on every call and slows as the queue deepens, so noth
 enqueues a whole workload at once: the feeder sends what the pace allows and no more.
 The paces in use:
 - `Backlog`: counted, never asked of the queue (the benchmarks: no polling cost inside
-  the measured window);
+  the measured window), at most at a rate when one is given;
 - `keep_depth`: the queue's own depth, polled (chaos: several workers, kills, retries);
 - `at_rate`: a steady number of tasks a second (the soak);
 - everything at once, for a few hundred messages (the demo).
@@ -88,8 +88,18 @@ class Backlog:
     def __post_init__(self) -> None:
         self.depth = max(SQS_BATCH_MAX, min(self.depth, MAX_VISIBLE - self.in_flight))
 
+    per_s: float = 0.0  # also at most this many a second from the first top-up (0: no limit)
+    started: float | None = None
+
     def top_up(self, finished: int) -> int:
         free = self.depth + self.in_flight - (self.feeder.sent - finished)
+        if self.per_s > 0:
+            # A consumer faster than the rate waits for work: its cost per task is then
+            # taken at one throughput, whatever else the machine does meanwhile.
+            now = time.monotonic()
+            self.started = now if self.started is None else self.started
+            due = int(self.per_s * (now - self.started)) + SQS_BATCH_MAX - self.feeder.sent
+            free = min(free, due)
         return self.feeder.top_up(max(0, free - free % SQS_BATCH_MAX))
 
 

@@ -15,9 +15,11 @@ import argparse
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import itertools
 import logging
 import os
+import socket
 import stat
 import sys
 import time
@@ -27,9 +29,10 @@ from typing import IO, Any, Protocol
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from sqsinfer import backoff
+from sqsinfer import backoff, tracing
 from sqsinfer.aws.s3 import Storage
 from sqsinfer.aws.session import error_code, http_status
+from sqsinfer.aws.sqs import message_size
 from sqsinfer.limits import SQS_BATCH_MAX, SQS_BATCH_MAX_BYTES
 from sqsinfer.logs import Event
 from sqsinfer.messages import S3Uri, filled_uri, has_placeholders, placeholder_values
@@ -51,6 +54,7 @@ log = logging.getLogger("sqsinfer.enqueue")
 
 _READ_CHUNK = 500  # manifest items parsed per hop to the reader thread
 _RETRY_MAX_S = 5.0
+_TRACES_FLUSH_S = 5.0  # the longest the last spans may take to reach the collector at exit
 _THROTTLING = frozenset({"ThrottlingException", "RequestThrottled", "Throttling"})
 
 EPILOG = """\
@@ -172,11 +176,17 @@ class Enqueuer:
     """Sends validated entries in batches of ten, at most `concurrency` calls at once."""
 
     def __init__(
-        self, sqs: Any, s3: Any, options: EnqueueOptions, progress: Progress | None = None
+        self,
+        sqs: Any,
+        s3: Any,
+        options: EnqueueOptions,
+        progress: Progress | None = None,
+        tracer: tracing.Tracer = tracing.OFF,
     ) -> None:
         self.sqs = sqs
         self.storage = Storage(s3)
         self.options = options
+        self.tracer = tracer  # one trace per task, its context in the message's `traceparent`
         self.progress: Progress = progress or PlainProgress()
         self.summary = EnqueueSummary(queue_url=options.queue_url, dry_run=options.dry_run)
 
@@ -210,16 +220,25 @@ class Enqueuer:
                 self.progress.bad(item)
                 self.progress.advance(1, item.size_bytes)
                 continue
-            size = len(item.body.encode())
+            entry = self._traced(item)
+            size = message_size(entry.body, entry.trace.outgoing())
             if batch and (len(batch) == SQS_BATCH_MAX or batch_bytes + size > SQS_BATCH_MAX_BYTES):
                 await batches.put(batch)
                 batch, batch_bytes = [], 0
-            batch.append(item)
+            batch.append(entry)
             batch_bytes += size
         if batch:
             await batches.put(batch)
         for _ in range(self.options.concurrency):
             await batches.put(None)
+
+    def _traced(self, entry: Entry) -> Entry:
+        """The entry with a trace of its own, begun here (its context counts toward the
+        batch's bytes)."""
+        if not self.tracer.enabled:
+            return entry
+        trace = self.tracer.produce(self.options.queue_url, entry.task.task_id)
+        return dataclasses.replace(entry, trace=trace)
 
     # -- sending ----------------------------------------------------------------------
     async def _sender(self, batches: asyncio.Queue[list[Entry] | None]) -> None:
@@ -240,6 +259,7 @@ class Enqueuer:
             if exists:
                 self.summary.skipped_done += 1
                 self.progress.advance(1, entry.size_bytes)
+                entry.trace.end()
             else:
                 keep.append(entry)
         return keep
@@ -272,11 +292,13 @@ class Enqueuer:
 
     async def _attempt(self, entries: list[Entry]) -> list[tuple[Entry, str]]:
         """One SendMessageBatch; returns the entries worth another attempt."""
-        request = [{"Id": str(i), "MessageBody": e.body} for i, e in enumerate(entries)]
+        request = [_request(str(i), e) for i, e in enumerate(entries)]
+        traces = [e.trace for e in entries]
         try:
-            response = await self.sqs.send_message_batch(
-                QueueUrl=self.options.queue_url, Entries=request
-            )
+            with tracing.batch("SendMessageBatch", self.options.queue_url, traces, "producer"):
+                response = await self.sqs.send_message_batch(
+                    QueueUrl=self.options.queue_url, Entries=request
+                )
         except (ClientError, BotoCoreError, OSError) as exc:
             if _fatal(exc):
                 raise EnqueueError(f"cannot send to {self.options.queue_url}: {exc}") from None
@@ -300,11 +322,23 @@ class Enqueuer:
     def _done(self, entries: list[Entry]) -> None:
         self.summary.sent += len(entries)
         self.progress.advance(len(entries), sum(e.size_bytes for e in entries))
+        for entry in entries:
+            entry.trace.end()
 
     def _failed(self, entry: Entry, why: str) -> None:
+        entry.trace.end(error=why)
         self.summary.failed += 1
         self.progress.failed(entry, why)
         self.progress.advance(1, entry.size_bytes)
+
+
+def _request(entry_id: str, entry: Entry) -> dict[str, Any]:
+    """One SendMessageBatch entry: the body, and the task's trace context when traced."""
+    request: dict[str, Any] = {"Id": entry_id, "MessageBody": entry.body}
+    attributes = entry.trace.outgoing()
+    if attributes:
+        request["MessageAttributes"] = attributes
+    return request
 
 
 def _fatal(exc: BaseException) -> bool:
@@ -493,6 +527,23 @@ async def _main(
     pattern: KeyPattern | None,
     fh: IO[bytes] | None,
 ) -> int:
+    tracer = tracing.OFF
+    if not args.dry_run:  # OTEL_* variables decide, as for the worker
+        tracer = tracing.from_env(service_instance=socket.gethostname(), component="enqueue")
+    try:
+        return await _enqueue(args, tracer, validator, pattern, fh)
+    finally:
+        if tracer.enabled and not await asyncio.to_thread(tracer.shutdown, _TRACES_FLUSH_S):
+            log.warning(Event.TRACES_NOT_FLUSHED, extra={"timeout_s": _TRACES_FLUSH_S})
+
+
+async def _enqueue(
+    args: argparse.Namespace,
+    tracer: tracing.Tracer,
+    validator: Validator,
+    pattern: KeyPattern | None,
+    fh: IO[bytes] | None,
+) -> int:
     from sqsinfer.aws.session import open_clients
 
     options = EnqueueOptions(
@@ -504,7 +555,7 @@ async def _main(
     )
     connections = args.concurrency * (SQS_BATCH_MAX if args.skip_done else 1)
     async with open_clients(args.region, args.endpoint_url, connections) as clients:
-        enqueuer = Enqueuer(clients.sqs, clients.s3, options)
+        enqueuer = Enqueuer(clients.sqs, clients.s3, options, tracer=tracer)
         try:
             if not args.dry_run:
                 await check_queue(clients.sqs, args.queue_url)

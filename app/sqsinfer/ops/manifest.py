@@ -13,7 +13,7 @@ import fnmatch
 import os
 import sys
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import IO, Any
 
 import orjson
@@ -22,6 +22,7 @@ from sqsinfer.compute.errors import InputError
 from sqsinfer.limits import SQS_DEFAULT_MAX_MESSAGE_BYTES
 from sqsinfer.messages import MessageRules, S3Uri, Task, parse_s3_uri, parse_task
 from sqsinfer.ops import common
+from sqsinfer.tracing import NO_TRACE, TaskTrace
 
 MANIFEST_FORMATS = ("jsonl", "csv")
 _CSV_COLUMNS = ("task_id", "input", "output")
@@ -37,6 +38,8 @@ class Entry:
     body: str
     task: Task
     size_bytes: int = 0  # bytes of the manifest it used (for progress)
+    # The task's trace, begun when `sqsinfer enqueue` batches it (traces on).
+    trace: TaskTrace = field(default=NO_TRACE, compare=False, repr=False)
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,7 @@ from typing import Any
 
 import orjson
 
+from sqsinfer import tracing
 from sqsinfer.aws.s3 import Storage
 from sqsinfer.aws.session import may_have_taken_effect
 from sqsinfer.aws.sqs import EntryFailed, Sender
@@ -258,7 +259,8 @@ class Linker:
                     # Taken over while retrying: the new owner sends and counts any doubt.
                     raise LinkNotSent("chain_taken_over", "link taken over while sending")
             try:
-                return await self.sender.send(body)
+                # The next stage's task is a child of this one: one trace across stages.
+                return await self.sender.send(body, tracing.current().outgoing())
             except Exception as exc:
                 # An entry SQS listed as failed in its batch answer was not sent; an error
                 # of the whole call may have reached SQS, for each entry of the batch.

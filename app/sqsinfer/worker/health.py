@@ -13,6 +13,7 @@ from typing import Protocol
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client.openmetrics import exposition as openmetrics
 
 from sqsinfer.logs import Event
 
@@ -24,7 +25,7 @@ class Probed(Protocol):
 
     def readyz(self) -> tuple[bool, str]: ...
 
-    def metrics_text(self) -> bytes: ...
+    def metrics_text(self, openmetrics_format: bool = False) -> bytes: ...
 
 
 def _answer(result: tuple[bool, str]) -> web.Response:
@@ -64,7 +65,18 @@ class HealthServer:
     async def _readyz(self, _: web.Request) -> web.Response:
         return _answer(self.target.readyz())
 
-    async def _metrics(self, _: web.Request) -> web.Response:
+    async def _metrics(self, request: web.Request) -> web.Response:
+        """Prometheus text, or OpenMetrics (with the exemplars) when the scraper asks for it."""
+        wanted = _wants_openmetrics(request.headers.get("Accept", ""))
+        content_type = openmetrics.CONTENT_TYPE_LATEST if wanted else CONTENT_TYPE_LATEST
         return web.Response(
-            body=self.target.metrics_text(), headers={"Content-Type": CONTENT_TYPE_LATEST}
+            body=self.target.metrics_text(wanted), headers={"Content-Type": content_type}
         )
+
+
+def _wants_openmetrics(accept: str) -> bool:
+    """As prometheus_client decides: any `application/openmetrics-text` in Accept."""
+    return any(
+        part.split(";", 1)[0].strip() == "application/openmetrics-text"
+        for part in accept.split(",")
+    )

@@ -36,7 +36,7 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from sqsinfer import __version__, config, shm
+from sqsinfer import __version__, config, shm, tracing
 from sqsinfer.aws.session import Clients, open_clients
 from sqsinfer.aws.sqs import Message, SqsQueue
 from sqsinfer.backoff import Backoff
@@ -60,6 +60,9 @@ _IDLE_TICK_S = 1.0
 # Everything held (slots, plus messages whose link or delete is under way) stays within
 # this many times the limit: a stalled delete path stops receiving, not grows memory.
 HELD_CAP_FACTOR = 2
+# The longest the last spans may take to reach the collector at exit (less when the
+# shutdown budget has less left).
+TRACES_FLUSH_S = 5.0
 
 
 class Worker:
@@ -95,6 +98,9 @@ class Worker:
         self._exit_requested = asyncio.Event()
         self._forced = asyncio.Event()
         self._background: list[asyncio.Task[Any]] = []
+        self._shutdown_at: float | None = None
+        # OpenTelemetry's variables (OTEL_*) decide; `tracing.OFF` without the otel extra.
+        self.tracer = tracing.from_env(service_instance=settings.worker_id, component="worker")
         # The long poll the main loop has out (None once its answer was taken), and when
         # it was sent.
         self._receiving: asyncio.Task[list[Message]] | None = None
@@ -104,6 +110,7 @@ class Worker:
     async def serve(self) -> None:
         """Run until told to stop. Raises StartupError when the worker cannot start."""
         async with contextlib.AsyncExitStack() as stack:
+            stack.push_async_callback(self._close_traces)  # last: after every span ended
             await self.health.start()
             stack.push_async_callback(self.health.stop)
             clients = await stack.enter_async_context(self._clients())
@@ -227,6 +234,7 @@ class Worker:
         self.last_receive_ok = True
         spent_s = time.perf_counter() - started
         self.metrics.observe(Phase.RECEIVE, spent_s)
+        self.tracer.received(queue.url, spent_s, messages)
         if messages:  # an empty long poll says nothing of how fast slots refill
             self.limit.observe_receive(spent_s)
         return messages
@@ -342,6 +350,7 @@ class Worker:
 
     # -- shutdown ---------------------------------------------------------------------
     async def shutdown(self, pipeline: Pipeline) -> None:
+        self._shutdown_at = time.monotonic()
         self.ready = False
         self.draining = True
         self.pool.stop_restarting()
@@ -398,6 +407,17 @@ class Worker:
             if still:
                 await asyncio.wait(still, timeout=config.FORCED_RELEASE_S)
 
+    async def _close_traces(self) -> None:
+        """Export the last spans (every task's is ended by now), within the shutdown budget."""
+        if not self.tracer.enabled:
+            return
+        timeout_s = TRACES_FLUSH_S
+        if self._shutdown_at is not None:
+            spent_s = time.monotonic() - self._shutdown_at
+            timeout_s = min(timeout_s, self.settings.shutdown_budget_s - spent_s)
+        if timeout_s <= 0 or not await asyncio.to_thread(self.tracer.shutdown, timeout_s):
+            log.warning(Event.TRACES_NOT_FLUSHED, extra={"timeout_s": round(timeout_s, 3)})
+
     async def _end_last_receive(self, pipeline: Pipeline) -> None:
         """Let the long poll pending at shutdown end (within its wait), then release what
         it brought. A second signal, or an answer later than its wait allows, abandons it:
@@ -427,6 +447,8 @@ class Worker:
             return
         if messages:
             log.info(Event.LAST_RECEIVE_RELEASED, extra={"messages": len(messages)})
+            spent_s = time.monotonic() - self._receive_sent_at
+            self.tracer.received(pipeline.queue.url, spent_s, messages)
             await asyncio.gather(*(pipeline.release(Held(m)) for m in messages))
 
     # -- health -----------------------------------------------------------------------
@@ -449,8 +471,8 @@ class Worker:
             return False, "last receive failed"
         return True, ""
 
-    def metrics_text(self) -> bytes:
-        return self.metrics.render()
+    def metrics_text(self, openmetrics_format: bool = False) -> bytes:
+        return self.metrics.render(openmetrics_format)
 
 
 async def run_worker(

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from sqsinfer import backoff, events, lineage
+from sqsinfer import backoff, events, lineage, tracing
 from sqsinfer.aws.s3 import ObjectInfo, Storage
 from sqsinfer.aws.session import error_code
 from sqsinfer.aws.sqs import DeadLetter, Message, Sender, SqsQueue, dead_letter_copy
@@ -121,6 +121,9 @@ class Held:
     releasing: bool = False  # the worker cancelled it to hand its message back
     # A message of several records: how each has ended so far (None: one task).
     records: Records | None = None
+    # The span of the record running now, and when it started (a message of several).
+    record_trace: tracing.TaskTrace | None = field(default=None, repr=False)
+    record_started: float = 0.0
 
     def release_slot(self) -> None:
         """The input is no longer needed and the outcome decided: what is left (the chain
@@ -132,6 +135,12 @@ class Held:
             self.slot_released = True
             if self.on_release is not None:
                 self.on_release(self)
+
+    @property
+    def trace(self) -> tracing.TaskTrace:
+        """Its task's trace (`tracing.NO_TRACE` while tracing is off): the message's, or
+        the running record's span within it."""
+        return self.message.trace if self.record_trace is None else self.record_trace
 
     def take_slot(self) -> None:
         """Hold a slot again after giving it back to wait (`Step.WAITING_OUTPUT`). The
@@ -169,6 +178,8 @@ class RecordEnd:
     reason: str = ""
     detail: str = ""
     timings: dict[str, float] = field(default_factory=dict)
+    trace: tracing.TaskTrace = tracing.NO_TRACE  # its span (NO_TRACE: it never ran)
+    seconds: float = 0.0  # from its start to its end
 
 
 @dataclass
@@ -196,7 +207,10 @@ class Records:
         detail = f"record {n} of {count}: {self.detail}" if self.detail else ""
         task_id = held.task.task_id if held.task else None
         final = held.final(outcome)
-        self.ended.append(RecordEnd(record, task_id, final, held.reason, detail, held.timings))
+        trace, held.record_trace = held.record_trace or tracing.NO_TRACE, None
+        seconds = time.monotonic() - held.record_started if trace is not tracing.NO_TRACE else 0.0
+        ended = RecordEnd(record, task_id, final, held.reason, detail, held.timings, trace, seconds)
+        self.ended.append(ended)
         self.detail = ""
 
     def end_rest(self, held: Held, outcome: Outcome) -> None:
@@ -235,6 +249,7 @@ class Timer:
     def record(self, seconds: float) -> None:
         self.held.timings[self.phase.value] = round(seconds, 6)
         self.metrics.observe(self.phase, seconds)
+        self.held.trace.phase(self.phase.value, seconds)
 
 
 class OutputVanished(Exception):
@@ -293,6 +308,22 @@ class Pipeline:
     # -- the whole life of one message ------------------------------------------------
     async def handle(self, held: Held) -> Outcome:
         """Run the task and settle the message. Never raises, except a second cancel."""
+        tracing.enter(held.trace)  # what it sends carries its trace; batch calls link to it
+        try:
+            return await self._handle(held)
+        finally:
+            self._end_traces(held)  # however it ended: no span is left open
+
+    @staticmethod
+    def _end_traces(held: Held) -> None:
+        if held.records is not None:
+            for end in held.records.ended:
+                end.trace.end()
+        if held.record_trace is not None:
+            held.record_trace.end()
+        held.message.trace.end()
+
+    async def _handle(self, held: Held) -> Outcome:
         try:
             outcome = await self._process(held, self._work)
         except asyncio.CancelledError:
@@ -330,7 +361,7 @@ class Pipeline:
 
     async def _work(self, held: Held) -> Outcome:
         body = events.parse_body(held.message.body, self.rules)
-        self._count_events(body)
+        self._count_events(held, body)
         if len(body.records) > 1:
             return await self._run_records(held, body)
         return await self._run_item(held, body.records[0].item)
@@ -340,6 +371,7 @@ class Pipeline:
         if isinstance(item, InputError):
             raise item
         if isinstance(item, events.Ignored):
+            held.trace.note({"sqsinfer.event": item.event})
             log.info(Event.EVENT_IGNORED, extra=self._ids(held) | {"event": item.event})
             return await self._finish(held, Outcome.IGNORED)
         held.task = item
@@ -371,7 +403,10 @@ class Pipeline:
     async def _run_alone(self, held: Held, task: Task, *, look_first: bool) -> Outcome:
         """The task, with no other message of this worker on its output meanwhile."""
         held.step = Step.CHECKING
-        existing = await self.storage.head(task.output) if look_first else None
+        existing = None
+        if look_first:
+            with held.trace.step("HEAD output"):
+                existing = await self.storage.head(task.output)
         if existing is not None:
             held.release_slot()
             self._check_existing(held, task, existing)
@@ -455,6 +490,7 @@ class Pipeline:
                 task.input_options,
             )
         total = time.perf_counter() - began
+        held.trace.compute(total, result)
         for phase in (Phase.DECODE, Phase.INFER, Phase.ENCODE):
             Timer(held, self.metrics, phase).record(result[f"{phase}_s"])
         # What the child did not account for is the cost of handing work over and back.
@@ -510,7 +546,8 @@ class Pipeline:
         held.step = Step.SETTLED
         held.release_slot()  # the delete holds no slot
         try:
-            deleted = await asyncio.shield(self.queue.delete(held.message))
+            with held.trace.step("delete"):
+                deleted = await asyncio.shield(self.queue.delete(held.message))
         except Exception as exc:  # the outcome stands: the write (or the copy) decided it
             log.warning(Event.DELETE_FAILED, extra=self._ids(held) | {"error": str(exc)})
             deleted = False
@@ -525,7 +562,12 @@ class Pipeline:
         held.step = Step.REJECTING
         held.release_slot()
         copy = dead_letter_copy(
-            held.message, reason, detail, self.queue.url, self.rules.dead_letter_max_bytes
+            held.message,
+            reason,
+            detail,
+            self.queue.url,
+            self.rules.dead_letter_max_bytes,
+            trace=held.trace.outgoing(),
         )
         # Copy first, delete second: a crash in between leaves a copy, never nothing.
         sending = self.dead_letters.send(copy.body, copy.attributes)
@@ -611,9 +653,12 @@ class Pipeline:
     async def release(self, held: Held) -> Outcome:
         """Hand back a message whose work never started (one the worker's last receive
         brought in after shutdown began), and record its outcome."""
-        outcome = await self._hand_back(held)
-        self._record(held, outcome)
-        return outcome
+        try:
+            outcome = await self._hand_back(held)
+            self._record(held, outcome)
+            return outcome
+        finally:
+            held.trace.end()
 
     async def _hand_back(self, held: Held) -> Outcome:
         """Visibility 0, once the worker's own pending receive has ended: a long poll
@@ -641,14 +686,16 @@ class Pipeline:
         after another under the message's slot; then the message is settled."""
         run = held.records = Records(body)
         try:
-            for record in body.records:
+            for n, record in enumerate(body.records, start=1):
                 held.task, held.wrote, held.reason, held.timings = None, False, "", {}
                 held.delivery_id = uuid.uuid4().hex  # each record's write is its own
+                self._trace_record(held, n, len(body.records))
                 run_it = functools.partial(self._run_item, item=record.item)
                 run.end(held, await self._process(held, run_it))
                 self._ended(held)  # nothing of this record's delivery runs any more
         finally:
             run.stopped = True
+            tracing.enter(held.message.trace)
         if any(e.outcome == Outcome.RETRIED for e in run.ended):
             run.hand_back()
             held.release_slot()
@@ -661,10 +708,18 @@ class Pipeline:
             await self._under_way(held, self._copy_records(held, rejected), Outcome.DUPLICATE)
         return await self._finish(held, Outcome.DUPLICATE)
 
+    @staticmethod
+    def _trace_record(held: Held, n: int, count: int) -> None:
+        """The record's span, a child of the message's: its steps, its next-stage message
+        and its DLQ copy are the record's."""
+        attributes = {"sqsinfer.record": n, "sqsinfer.records": count}
+        held.record_started = time.monotonic()  # first: its span is not shorter than the record
+        held.record_trace = held.message.trace.child("record", attributes)
+        tracing.enter(held.record_trace)
+
     async def _copy_records(self, held: Held, rejected: list[RecordEnd]) -> None:
         """Copy each rejected record to the DLQ alone, as S3's body of one record."""
-        copies = [self._record_copy(held, end) for end in rejected]
-        await asyncio.gather(*(self.dead_letters.send(c.body, c.attributes) for c in copies))
+        await asyncio.gather(*(self._copy_record(held, end) for end in rejected))
         for end in rejected:
             self.metrics.rejections.labels(end.reason).inc()
             log.info(
@@ -673,16 +728,30 @@ class Pipeline:
                 | {"task_id": end.task_id, "reason": end.reason, "detail": end.detail},
             )
 
+    async def _copy_record(self, held: Held, end: RecordEnd) -> None:
+        tracing.enter(end.trace)  # the copy's send is the record's (this task's context only)
+        copy = self._record_copy(held, end)
+        await self.dead_letters.send(copy.body, copy.attributes)
+
     def _record_copy(self, held: Held, end: RecordEnd) -> DeadLetter:
         alone = dataclasses.replace(held.message, body=end.record.alone())
         return dead_letter_copy(
-            alone, end.reason, end.detail, self.queue.url, self.rules.dead_letter_max_bytes
+            alone,
+            end.reason,
+            end.detail,
+            self.queue.url,
+            self.rules.dead_letter_max_bytes,
+            trace=end.trace.outgoing(),
         )
 
     def _record_each(self, held: Held, run: Records) -> None:
         elapsed = time.monotonic() - held.message.received_at
+        exemplar = held.message.trace.exemplar()  # the records' spans are in its trace
         for n, end in enumerate(run.ended, start=1):
-            self.metrics.outcome(end.outcome, elapsed)
+            self.metrics.outcome(end.outcome, elapsed, exemplar)
+            task = end.record.item if isinstance(end.record.item, Task) else None
+            end.trace.finish(end.outcome, end.reason, end.seconds, task)
+            end.trace.end()
             fields = self._ids(held) | {"task_id": end.task_id, "record": n}
             fields |= {"records": len(run.ended), "outcome": end.outcome}
             fields["seconds"] = round(elapsed, 6)
@@ -690,9 +759,11 @@ class Pipeline:
                 fields["reason"] = end.reason
             fields["phases"] = end.timings
             log.info(Event.TASK_FINISHED, extra=fields)
+        held.message.trace.finish_records([end.outcome for end in run.ended], elapsed)
 
-    def _count_events(self, body: events.Body) -> None:
+    def _count_events(self, held: Held, body: events.Body) -> None:
         if body.shape in events.EVENT_SHAPES:
+            held.trace.note({"sqsinfer.shape": body.shape})
             for record in body.records:
                 self.metrics.events.labels(body.shape, record.kind).inc()
 
@@ -734,7 +805,8 @@ class Pipeline:
 
     def _record(self, held: Held, outcome: Outcome) -> None:
         elapsed = time.monotonic() - held.message.received_at
-        self.metrics.outcome(outcome, elapsed)
+        self.metrics.outcome(outcome, elapsed, held.trace.exemplar())
+        held.trace.finish(outcome, held.reason, elapsed, held.task)
         fields = self._ids(held) | {"outcome": outcome, "seconds": round(elapsed, 6)}
         if held.reason:
             fields["reason"] = held.reason

@@ -1,0 +1,530 @@
+"""The SDK side of `sqsinfer.tracing`: imported by `from_env` only, once tracing is on.
+
+One TracerProvider per worker (or command), never the global one, so that several
+workers in one process (tests, the demo) keep their own resource and exporter. Spans go
+through a BatchSpanProcessor per exporter; `shutdown` flushes and stops it within the
+time it is given. Span names and attributes follow OpenTelemetry's messaging semantic
+conventions (`messaging.system=aws_sqs`, `messaging.operation.type` ...); sqsinfer's own
+facts are `sqsinfer.*` attributes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.sdk.resources import SERVICE_NAME, OTELResourceDetector, Resource
+from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, TraceFlags
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.trace.status import Status, StatusCode
+
+from sqsinfer import __version__
+from sqsinfer.config import ExternalConfigError
+from sqsinfer.metrics import Phase
+from sqsinfer.outcomes import Outcome
+from sqsinfer.tracing import (
+    EXEMPLAR_LABEL,
+    TRACEPARENT,
+    TRACESTATE,
+    Received,
+    TaskTrace,
+    Tracer,
+    queue_name,
+)
+
+if TYPE_CHECKING:
+    from sqsinfer.messages import Task
+
+_PROPAGATOR = TraceContextTextMapPropagator()
+_ROOT = Context()  # a parent of nothing: a new trace
+_KINDS = {
+    "internal": SpanKind.INTERNAL,
+    "client": SpanKind.CLIENT,
+    "producer": SpanKind.PRODUCER,
+    "consumer": SpanKind.CONSUMER,
+}
+_SYSTEM = {"messaging.system": "aws_sqs"}
+# messaging.operation.type of each SQS call (ChangeMessageVisibilityBatch has none).
+_OPERATION_TYPES = {
+    "ReceiveMessage": "receive",
+    "SendMessage": "send",
+    "SendMessageBatch": "send",
+    "DeleteMessageBatch": "settle",
+}
+# The phases the pipeline times that become a child span of the task, by name. The child's
+# decode, predict and encode are events of the `compute` span instead (`SdkTask.compute`).
+_PHASE_SPANS = {
+    Phase.S3_GET.value: "GET input",
+    Phase.WAIT_PROCESS.value: "wait for a process",
+    Phase.COMMIT.value: "PUT output",
+    Phase.CHAIN.value: "chain link",
+}
+_CHILD_STEPS = (("decode_s", "decode"), ("infer_s", "predict"), ("encode_s", "encode"))
+_FAILED = frozenset({Outcome.REJECTED, Outcome.RETRIED})
+_UNSET = Status(StatusCode.UNSET)
+_SAMPLERS = (
+    "always_on",
+    "always_off",
+    "traceidratio",
+    "parentbased_always_on",
+    "parentbased_always_off",
+    "parentbased_traceidratio",
+)
+_PROTOCOLS = ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
+
+
+def _ns(seconds: float) -> int:
+    return int(seconds * 1e9)
+
+
+# -- configuration -----------------------------------------------------------------------------
+def _check_sampler(environ: Mapping[str, str]) -> None:
+    """The SDK falls back to its default on a sampler it does not know: refuse it instead."""
+    name = environ.get("OTEL_TRACES_SAMPLER", "").strip().lower()
+    if name and name not in _SAMPLERS:
+        raise ExternalConfigError("OTEL_TRACES_SAMPLER", f"{name!r} is not one of {_SAMPLERS}")
+    if name.endswith("traceidratio"):
+        text = environ.get("OTEL_TRACES_SAMPLER_ARG", "1.0")
+        try:
+            ratio = float(text)
+        except ValueError:
+            ratio = -1.0
+        if not 0.0 <= ratio <= 1.0:
+            raise ExternalConfigError(
+                "OTEL_TRACES_SAMPLER_ARG", f"{text!r}: a ratio from 0 to 1 for {name}"
+            )
+
+
+def _otlp(environ: Mapping[str, str]) -> SpanExporter:
+    variable = next((v for v in _PROTOCOLS if environ.get(v)), _PROTOCOLS[1])
+    protocol = environ.get(variable, "http/protobuf").strip().lower()
+    if protocol == "http/protobuf":
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        return OTLPSpanExporter()
+    if protocol == "grpc":
+        try:
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+                OTLPSpanExporter as GrpcExporter,
+            )
+        except ImportError:
+            raise ExternalConfigError(
+                variable,
+                "grpc needs opentelemetry-exporter-otlp-proto-grpc installed "
+                "(the otel extra exports http/protobuf)",
+            ) from None
+        return GrpcExporter()  # type: ignore[no-any-return]
+    raise ExternalConfigError(variable, f"{protocol!r}: use http/protobuf or grpc")
+
+
+def _exporters(environ: Mapping[str, str]) -> list[SpanExporter]:
+    found: list[SpanExporter] = []
+    for listed in environ.get("OTEL_TRACES_EXPORTER", "otlp").split(","):
+        name = listed.strip().lower()
+        if name == "otlp":
+            found.append(_otlp(environ))
+        elif name == "console":
+            found.append(ConsoleSpanExporter())
+        elif name not in ("none", ""):
+            raise ExternalConfigError(
+                "OTEL_TRACES_EXPORTER", f"{name!r}: sqsinfer exports to otlp, console or none"
+            )
+    return found
+
+
+def _resource(service_instance: str, component: str) -> Resource:
+    """The SDK's resource, with sqsinfer's facts where the variables (OTEL_SERVICE_NAME,
+    OTEL_RESOURCE_ATTRIBUTES) leave them unset, and `sqsinfer` as the service's name."""
+    given = OTELResourceDetector().detect().attributes
+    ours: dict[str, str] = {
+        SERVICE_NAME: "sqsinfer",
+        "service.version": __version__,
+        "service.instance.id": service_instance,
+        "sqsinfer.component": component,
+    }
+    return Resource.create({k: v for k, v in ours.items() if v and k not in given})
+
+
+# -- where a task's trace comes from -----------------------------------------------------------
+def xray_parent(header: str) -> SpanContext | None:
+    """The span context of an X-Ray trace header (`Root=1-<8 hex>-<24 hex>;Parent=<16 hex>;
+    Sampled=1`), or None when it is not one. Only `Sampled=1` is taken as sampled."""
+    fields = dict(part.strip().split("=", 1) for part in header.split(";") if "=" in part)
+    version, epoch, unique = ([*fields.get("Root", "").split("-"), "", "", ""])[:3]
+    parent = fields.get("Parent", "")
+    if version != "1" or len(epoch) != 8 or len(unique) != 24 or len(parent) != 16:
+        return None
+    try:
+        trace_id, span_id = int(epoch + unique, 16), int(parent, 16)
+    except ValueError:
+        return None
+    if not trace_id or not span_id:
+        return None
+    flags = TraceFlags(TraceFlags.SAMPLED if fields.get("Sampled") == "1" else TraceFlags.DEFAULT)
+    return SpanContext(trace_id, span_id, is_remote=True, trace_flags=flags)
+
+
+def parent_context(message: Received) -> Context:
+    """The producer's context: the `traceparent` attribute, else `AWSTraceHeader`, else none."""
+    carrier = {
+        name: str(value.get("StringValue", ""))
+        for name, value in message.attributes.items()
+        if name in (TRACEPARENT, TRACESTATE) and isinstance(value, dict)
+    }
+    if TRACEPARENT in carrier:
+        context = _PROPAGATOR.extract(carrier)
+        if trace.get_current_span(context).get_span_context().is_valid:
+            return context
+    found = xray_parent(message.trace_header) if message.trace_header else None
+    if found is not None:
+        return trace.set_span_in_context(NonRecordingSpan(found))
+    return _ROOT
+
+
+# -- spans -------------------------------------------------------------------------------------
+class Steps:
+    """Records a task's steps as finished spans, handed straight to the span processors.
+
+    A step is over when it is recorded (its times are the pipeline's measurements), so
+    it needs none of a live span's machinery (sampling, locks, attribute limits): it is
+    made as the processors receive every ended span, a `ReadableSpan`, at a fraction of
+    a live span's cost. A step is recorded only under a sampled task span, whose trace
+    and sampling it shares.
+    """
+
+    def __init__(self, provider: TracerProvider, processors: Sequence[SpanProcessor]) -> None:
+        self._resource = provider.resource
+        self._ids = provider.id_generator
+        self._processors = tuple(processors)
+        self._scope = InstrumentationScope("sqsinfer", __version__)
+
+    def record(
+        self,
+        parent: SpanContext,
+        name: str,
+        start_ns: int,
+        end_ns: int,
+        *,
+        kind: SpanKind = SpanKind.INTERNAL,
+        attributes: Mapping[str, Any] | None = None,
+        events: Sequence[Event] = (),
+        status: Status = _UNSET,
+    ) -> None:
+        context = SpanContext(
+            parent.trace_id,
+            self._ids.generate_span_id(),
+            is_remote=False,
+            trace_flags=parent.trace_flags,
+            trace_state=parent.trace_state,
+        )
+        span = ReadableSpan(
+            name=name,
+            context=context,
+            parent=parent,
+            resource=self._resource,
+            attributes=attributes,
+            events=events,
+            kind=kind,
+            status=status,
+            start_time=start_ns,
+            end_time=end_ns,
+            instrumentation_scope=self._scope,
+        )
+        for processor in self._processors:
+            processor.on_end(span)
+
+
+class SdkTask(TaskTrace):
+    """One task's span (`process <queue>`, or `create <queue>` in `sqsinfer enqueue`)."""
+
+    __slots__ = (
+        "_context",
+        "_end_ns",
+        "_ended",
+        "_outgoing",
+        "_span",
+        "_start_ns",
+        "_steps",
+        "_tracer",
+        "recording",
+    )
+
+    def __init__(self, tracer: trace.Tracer, steps: Steps, span: trace.Span, start_ns: int) -> None:
+        self._tracer = tracer
+        self._steps = steps
+        self._span = span
+        self._start_ns = start_ns
+        self._end_ns: int | None = None
+        self._ended = False
+        self._outgoing: dict[str, dict[str, str]] | None = None
+        self._context = trace.set_span_in_context(span)
+        self.recording = span.is_recording()
+
+    def phase(self, phase: str, seconds: float) -> None:
+        name = _PHASE_SPANS.get(phase)
+        if name is not None and self.recording:
+            end = time.time_ns()
+            self._steps.record(self._span.get_span_context(), name, end - _ns(seconds), end)
+
+    def compute(self, total_s: float, child: Mapping[str, Any]) -> None:
+        """`compute`: the lease of a process, with the child's steps as events where they
+        ran. The child measures each step's length, not its clock: the steps are laid end
+        to end, the time of the hand-over (there and back) split either side of them."""
+        if not self.recording:
+            return
+        end = time.time_ns()
+        start = end - _ns(total_s)
+        spent_s = sum(float(child[key]) for key, _ in _CHILD_STEPS)
+        at = start + _ns(max(0.0, total_s - spent_s) / 2)
+        events = []
+        for key, name in _CHILD_STEPS:
+            events.append(Event(name, {"sqsinfer.duration_s": float(child[key])}, at))
+            at += _ns(float(child[key]))
+        rows = {"sqsinfer.rows": int(child.get("rows", 0))}
+        parent = self._span.get_span_context()
+        self._steps.record(parent, "compute", start, end, attributes=rows, events=events)
+
+    def step(
+        self, name: str, kind: str = "internal", attributes: Mapping[str, Any] | None = None
+    ) -> contextlib.AbstractContextManager[None]:
+        if not self.recording:
+            return contextlib.nullcontext()
+        return self._timed(name, _KINDS[kind], attributes)
+
+    def call(
+        self, operation: str, destination: str, kind: str = "client"
+    ) -> contextlib.AbstractContextManager[None]:
+        if not self.recording:
+            return contextlib.nullcontext()
+        name, attributes = _call_attributes(operation, destination, 1)
+        return self._timed(name, _KINDS[kind], attributes)
+
+    @contextlib.contextmanager
+    def _timed(
+        self, name: str, kind: SpanKind, attributes: Mapping[str, Any] | None
+    ) -> Iterator[None]:
+        start = time.time_ns()
+        status = _UNSET
+        try:
+            yield
+        except BaseException as exc:  # a cancel too: the step did not finish
+            status = Status(StatusCode.ERROR, type(exc).__name__)
+            raise
+        finally:
+            parent = self._span.get_span_context()
+            self._steps.record(
+                parent, name, start, time.time_ns(), kind=kind, attributes=attributes, status=status
+            )
+
+    def outgoing(self) -> dict[str, dict[str, str]]:
+        if self._outgoing is None:
+            carrier: dict[str, str] = {}
+            _PROPAGATOR.inject(carrier, context=self._context)
+            self._outgoing = {
+                name: {"DataType": "String", "StringValue": value}
+                for name, value in carrier.items()
+            }
+        return self._outgoing
+
+    def note(self, attributes: Mapping[str, str]) -> None:
+        if self.recording:
+            self._span.set_attributes(attributes)
+
+    def child(self, name: str, attributes: Mapping[str, Any]) -> TaskTrace:
+        start = time.time_ns()
+        span = self._tracer.start_span(
+            name, self._context, SpanKind.INTERNAL, attributes, start_time=start
+        )
+        return SdkTask(self._tracer, self._steps, span, start)
+
+    def finish_records(self, outcomes: Sequence[str], seconds: float) -> None:
+        self._end_ns = self._start_ns + _ns(seconds)
+        if not self.recording:
+            return
+        listed = [str(outcome) for outcome in outcomes]
+        self._span.set_attributes({"sqsinfer.records": len(listed), "sqsinfer.outcomes": listed})
+        failed = sum(outcome in _FAILED for outcome in outcomes)
+        if failed:
+            self._span.set_status(Status(StatusCode.ERROR, f"{failed} of {len(listed)} records"))
+
+    def finish(self, outcome: str, reason: str, seconds: float, task: Task | None) -> None:
+        self._end_ns = self._start_ns + _ns(seconds)
+        if not self.recording:
+            return
+        found: dict[str, str] = {"sqsinfer.outcome": str(outcome)}
+        if reason:
+            found["sqsinfer.reason"] = reason
+        if task is not None:
+            found |= {
+                "sqsinfer.task_id": task.task_id,
+                "sqsinfer.input": str(task.input),
+                "sqsinfer.output": str(task.output),
+            }
+        self._span.set_attributes(found)
+        if outcome in _FAILED:
+            self._span.set_status(Status(StatusCode.ERROR, reason or str(outcome)))
+
+    def end(self, error: str = "") -> None:
+        if not self._ended:
+            self._ended = True
+            if error and self.recording:
+                self._span.set_status(Status(StatusCode.ERROR, error))
+            self._span.end(self._end_ns)
+
+    def exemplar(self) -> dict[str, str] | None:
+        context = self._span.get_span_context()
+        if not context.trace_flags.sampled:
+            return None
+        return {EXEMPLAR_LABEL: format(context.trace_id, "032x")}
+
+    @property
+    def link(self) -> Any:
+        return self._span.get_span_context() if self.recording else None
+
+
+@contextlib.contextmanager
+def _span(
+    tracer: trace.Tracer,
+    name: str,
+    context: Context,
+    kind: str,
+    attributes: Mapping[str, Any] | None,
+    *,
+    links: Sequence[Link] = (),
+) -> Iterator[None]:
+    span = tracer.start_span(name, context, _KINDS[kind], attributes, links)
+    try:
+        yield
+    except BaseException as exc:  # a cancel too: the step did not finish
+        span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+        raise
+    finally:
+        span.end()
+
+
+def batch_span(
+    operation: str, destination: str, count: int, traces: Sequence[TaskTrace], kind: str
+) -> contextlib.AbstractContextManager[None]:
+    """`<operation> <queue>`: one SQS call for `count` entries, linked to each recorded task."""
+    first = traces[0]
+    assert isinstance(first, SdkTask)
+    name, attributes = _call_attributes(operation, destination, count)
+    links = [Link(t.link) for t in traces]
+    return _span(first._tracer, name, _ROOT, kind, attributes, links=links)
+
+
+def _call_attributes(operation: str, destination: str, count: int) -> tuple[str, dict[str, Any]]:
+    """The name and attributes of the span of one SQS call for `count` messages."""
+    queue = queue_name(destination)
+    attributes: dict[str, Any] = _SYSTEM | {
+        "messaging.operation.name": operation,
+        "messaging.destination.name": queue,
+    }
+    if operation in _OPERATION_TYPES:
+        attributes["messaging.operation.type"] = _OPERATION_TYPES[operation]
+    if count > 1 or operation.endswith("Batch"):
+        attributes["messaging.batch.message_count"] = count
+    return f"{operation} {queue}", attributes
+
+
+class SdkTracer(Tracer):
+    enabled = True
+
+    def __init__(self, provider: TracerProvider, processors: Sequence[SpanProcessor]) -> None:
+        self._provider = provider
+        self._tracer = provider.get_tracer("sqsinfer", __version__)
+        self._steps = Steps(provider, processors)
+
+    @classmethod
+    def from_env(
+        cls, environ: Mapping[str, str], service_instance: str, component: str
+    ) -> SdkTracer:
+        _check_sampler(environ)
+        exporters = _exporters(environ)
+        # Its own atexit hook would wait for an unreachable collector: `shutdown` is bounded.
+        provider = TracerProvider(
+            resource=_resource(service_instance, component), shutdown_on_exit=False
+        )
+        processors = [BatchSpanProcessor(exporter) for exporter in exporters]
+        for processor in processors:
+            provider.add_span_processor(processor)
+        return cls(provider, processors)
+
+    def _task(self, message: Received, queue: str, clock_ns: int) -> SdkTask:
+        # The span starts when the message arrived, as the task's `seconds` count (from
+        # the monotonic clock, placed on the wall clock by `clock_ns`).
+        start = clock_ns + _ns(message.received_at)
+        attributes: dict[str, Any] = _SYSTEM | {
+            "messaging.operation.type": "process",
+            "messaging.operation": "process",  # the name before semantic conventions 1.26
+            "messaging.destination.name": queue,
+            "messaging.message.id": message.message_id,
+            "sqsinfer.receive_count": message.receive_count,
+        }
+        span = self._tracer.start_span(
+            f"process {queue}",
+            parent_context(message),
+            SpanKind.CONSUMER,
+            attributes,
+            start_time=start,
+        )
+        return SdkTask(self._tracer, self._steps, span, start)
+
+    def received(self, queue_url: str, spent_s: float, messages: Sequence[Received]) -> None:
+        if not messages:
+            return
+        now = time.time_ns()
+        clock_ns = now - time.monotonic_ns()  # wall-clock time of monotonic 0
+        queue = queue_name(queue_url)
+        for message in messages:
+            message.trace = self._task(message, queue, clock_ns)
+        recorded = [m.trace.link for m in messages if m.trace.recording]
+        if not recorded:
+            return
+        name, attributes = _call_attributes("ReceiveMessage", queue_url, len(messages))
+        attributes["messaging.batch.message_count"] = len(messages)
+        self._tracer.start_span(
+            name,
+            _ROOT,
+            SpanKind.CLIENT,
+            attributes,
+            [Link(link) for link in recorded],
+            start_time=now - _ns(spent_s),
+        ).end(now)
+
+    def produce(self, queue_url: str, task_id: str) -> TaskTrace:
+        queue = queue_name(queue_url)
+        attributes = _SYSTEM | {
+            "messaging.operation.type": "create",
+            "messaging.operation": "create",
+            "messaging.destination.name": queue,
+            "sqsinfer.task_id": task_id,
+        }
+        start = time.time_ns()
+        span = self._tracer.start_span(
+            f"create {queue}", _ROOT, SpanKind.PRODUCER, attributes, start_time=start
+        )
+        return SdkTask(self._tracer, self._steps, span, start)
+
+    def shutdown(self, timeout_s: float) -> bool:
+        """Flush and stop in a thread of its own, waited for `timeout_s`: an exporter stuck on
+        an unreachable collector is left behind (its thread does not hold up the exit)."""
+        done = threading.Event()
+
+        def close() -> None:
+            try:
+                self._provider.force_flush(max(1, int(timeout_s * 1000)))
+                self._provider.shutdown()
+            finally:
+                done.set()
+
+        threading.Thread(target=close, name="sqsinfer-traces-flush", daemon=True).start()
+        return done.wait(timeout_s)
