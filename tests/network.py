@@ -143,10 +143,17 @@ class TlsFront:
             self._server.close()
 
 
+# ONNX Runtime (1.32) sends telemetry from any process that imported it, through the
+# process's HTTPS_PROXY: a test process that ran an ONNX test earlier asks a test's proxy
+# for this tunnel too, at any moment. It is refused and not recorded.
+NOT_OURS = frozenset({"mobile.events.data.microsoft.com:443"})
+
+
 @dataclass
 class ConnectProxy:
     """An HTTPS proxy: each CONNECT is recorded (`targets`, as "host:port") and tunnelled
-    to where `to` maps its target, or refused (403) when it maps it to None."""
+    to where `to` maps its target, or refused (403) when it maps it to None. A tunnel
+    asked for by something else in the process (`NOT_OURS`) is refused unrecorded."""
 
     to: Callable[[str], tuple[str, int] | None]
     port: int = 0
@@ -164,8 +171,10 @@ class ConnectProxy:
             writer.close()
             return
         method, target, _ = head.split(b"\r\n", 1)[0].decode("latin-1").split(" ", 2)
-        self.targets.append(target if method == "CONNECT" else f"{method} {target}")
-        destination = self.to(target) if method == "CONNECT" else None
+        ours = target not in NOT_OURS
+        if ours:
+            self.targets.append(target if method == "CONNECT" else f"{method} {target}")
+        destination = self.to(target) if method == "CONNECT" and ours else None
         if destination is None:
             writer.write(
                 b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
