@@ -15,12 +15,21 @@ from urllib.parse import quote_plus
 import numpy as np
 import pytest
 
+from proving.faults import FaultPlan
 from sqsinfer.aws.sqs import DETAIL_ATTR, REASON_ATTR
 from sqsinfer.config import Settings
 from sqsinfer.lab import stage as lab_stage
 from sqsinfer.lab import synthetic
 from sqsinfer.worker.lifecycle import Worker
-from tests.conftest import MAX_RECEIVE_COUNT, Stage, eventually, running, sample
+from tests.conftest import (
+    MAX_RECEIVE_COUNT,
+    Stage,
+    eventually,
+    fault_proxy,
+    outcome_count,
+    running,
+    sample,
+)
 from tests.handlers import KILL
 
 # Keys as people name files: spaces, `+`, `=`, letters beyond ASCII, folders.
@@ -270,3 +279,34 @@ async def test_each_record_of_a_body_ends_alone_and_the_message_once_all_have(
     assert "PoolCrashed" in detail
     assert handed_on(stage) == {"m=201": f"s3://{stage.bucket}/out/m 1.npy"}
     assert sample(worker.metrics, "sqsinfer_rejections_total", reason="input_not_allowed") == 1
+
+
+async def test_a_record_whose_link_failed_after_its_write_brings_the_message_back(
+    stage: Stage, make_settings
+):
+    """The write stood (the record is `committed`) but the next stage refused its send:
+    the message is not settled, and its next delivery finds the output and links it."""
+    first, second = rows_for(41), rows_for(42)
+    put(stage, "in/l1.npy", first)
+    put(stage, "in/l2.npy", second)
+    stage.send({"Records": [_record(stage, "in/l1.npy"), _record(stage, "in/l2.npy")]})
+
+    async with fault_proxy(stage, FaultPlan(refusing={"SendMessageBatch": 1.0})) as proxy:
+        settings = event_settings(
+            make_settings,
+            next_queue_url=stage.next_url,
+            endpoint_url=proxy.url,
+            retry_base_s=1,
+            chain_settle_s=600,
+        )
+        async with running(settings) as worker:
+            await eventually(lambda: outcome_count(worker, "committed") == 2, timeout_s=60)
+            proxy.plan.refusing = {}  # the next stage takes sends again
+            await eventually(lambda: outcome_count(worker, "duplicate") == 2, timeout_s=60)
+            await eventually(settled(stage), timeout_s=60)
+
+    scored(stage, {"out/l1.npy": first, "out/l2.npy": second})
+    assert handed_on(stage) == {
+        "l1": f"s3://{stage.bucket}/out/l1.npy",
+        "l2": f"s3://{stage.bucket}/out/l2.npy",
+    }

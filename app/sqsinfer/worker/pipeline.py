@@ -180,6 +180,9 @@ class RecordEnd:
     timings: dict[str, float] = field(default_factory=dict)
     trace: tracing.TaskTrace = tracing.NO_TRACE  # its span (NO_TRACE: it never ran)
     seconds: float = 0.0  # from its start to its end
+    # Its work is not done: the message goes back for it. Not read from `outcome`, which
+    # says `committed` for a record whose write stood even when its link then failed.
+    again: bool = False
 
 
 @dataclass
@@ -209,8 +212,12 @@ class Records:
         final = held.final(outcome)
         trace, held.record_trace = held.record_trace or tracing.NO_TRACE, None
         seconds = time.monotonic() - held.record_started if trace is not tracing.NO_TRACE else 0.0
-        ended = RecordEnd(record, task_id, final, held.reason, detail, held.timings, trace, seconds)
-        self.ended.append(ended)
+        again = outcome == Outcome.RETRIED
+        self.ended.append(
+            RecordEnd(
+                record, task_id, final, held.reason, detail, held.timings, trace, seconds, again
+            )
+        )
         self.detail = ""
 
     def end_rest(self, held: Held, outcome: Outcome) -> None:
@@ -696,7 +703,7 @@ class Pipeline:
         finally:
             run.stopped = True
             tracing.enter(held.message.trace)
-        if any(e.outcome == Outcome.RETRIED for e in run.ended):
+        if any(e.again for e in run.ended):
             run.hand_back()
             held.release_slot()
             return await self._back_off(held)
