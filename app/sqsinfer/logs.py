@@ -52,6 +52,7 @@ class Event(StrEnum):
     DLQ_COPY_FAILED = "could not copy to the DLQ"
     RETRY_DELAY_NOT_SET = "could not set retry delay"
     HAND_BACK_FAILED = "could not hand back message"
+    HAND_BACK_SKIPPED = "hand-back not sent: its hold lapsed while it waited"
     TASK_FINISHED = "task finished"
     OUTPUT_OF_ANOTHER_MODEL = "output written by another model"
     EVENT_IGNORED = "event ignored"

@@ -126,6 +126,9 @@ def worker_timings(visibility_timeout_s: int) -> dict[str, str]:
         "SQSINFER_RETRY_BASE_S": "1",
         "SQSINFER_RETRY_MAX_S": "8",
         "SQSINFER_CHAIN_SETTLE_S": "4",
+        # Untraced unless asked for: with the otel extra installed, tracing is on by
+        # default, exporting to a collector on localhost that is not there.
+        "OTEL_SDK_DISABLED": os.environ.get("OTEL_SDK_DISABLED", "true"),
     }
 
 

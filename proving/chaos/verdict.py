@@ -22,6 +22,7 @@ from proving.sqs_rules import unsendable
 from sqsinfer.lab import stage, standin, synthetic
 from sqsinfer.limits import SQS_DEFAULT_MAX_MESSAGE_BYTES
 from sqsinfer.logs import Event
+from sqsinfer.worker.pipeline import RETRIES_EXHAUSTED
 
 
 def json_lines(path: str) -> list[dict[str, Any]]:
@@ -358,13 +359,21 @@ class _LetGo:
         visibility call that may itself have stalled: a retried message was let go at
         its `task failed` line, a released one when the drain released it."""
         message_id, count = str(line["message_id"]), int(line.get("receive_count", 0))
-        if line.get("outcome") == "retried":
+        if line.get("outcome") == "retried" or _retried_after_its_write(line):
             return self.retrying.get(
                 (message_id, count), self.over_time.get(message_id, finished_s)
             )
         if line.get("outcome") == "released":
             return max((d for d in self.drains if d <= finished_s), default=finished_s)
         return finished_s  # deleted: the delete ends the hold, and follows all its work
+
+
+def _retried_after_its_write(line: dict[str, Any]) -> bool:
+    """A delivery whose write stood is logged `committed` however its message went: one
+    whose link then failed was handed back for a retry (with the failure as its reason),
+    unless that was its last receive (copied to the DLQ and deleted)."""
+    reason = line.get("reason")
+    return line.get("outcome") == "committed" and bool(reason) and reason != RETRIES_EXHAUSTED
 
 
 def holds(worker: str, lines: list[dict[str, Any]]) -> list[Hold]:

@@ -23,6 +23,10 @@ def test_a_small_chaos_run_loses_nothing(capsys):
         non_xml=1,
         slow_tasks=1,
         visibility_delay_calls=2,
+        # The keeper's first try lands with 4-8 s left (heartbeat 4 s): a whole machine
+        # stalled that long (two cores at a load of 20) could let a message lapse at 8 s.
+        visibility_timeout_s=12,
+        visibility_delay_s=18.0,
         timeout_s=300,
     )
     figures, report = _lost_nothing(config, capsys)
@@ -65,6 +69,7 @@ def test_a_small_chaos_run_fed_by_s3_events_loses_nothing(capsys):
         non_xml=1,
         slow_tasks=0,  # the keeper under stalled calls is the first run's to prove
         visibility_delay_calls=0,
+        visibility_timeout_s=12,  # as the first run's: room for a loaded machine's stalls
         timeout_s=300,
     )
     figures, _ = _lost_nothing(config, capsys)
@@ -160,6 +165,20 @@ def test_a_hand_back_ends_the_hold_when_asked_for_not_when_its_call_returns():
     assert verdict.lapses(verdict.holds("a", retried) + taken) == []
     # Without the `task failed` line, the same two deliveries overlap.
     assert len(verdict.lapses(verdict.holds("a", retried[1:]) + taken)) == 1
+
+
+def test_a_committed_delivery_retried_for_its_link_was_let_go_when_it_failed():
+    # Its write stood (`committed`), then its link failed: handed back for a retry, whose
+    # visibility call waited 12 s for a stalled extension. The last receive's failure
+    # (retries exhausted: copied to the DLQ, then deleted) holds the message to the end.
+    lines = [
+        _line("task failed, will retry", 1.0, message_id="m", receive_count=1),
+        _finished(13.0, 13.0, "committed", reason="chain_send_failed"),
+    ]
+    taken = verdict.holds("b", [_finished(10.0, 1.0, "duplicate", count=2)])  # at 9 s
+    assert verdict.lapses(verdict.holds("a", lines) + taken) == []
+    lines[1]["reason"] = "retries_exhausted"
+    assert len(verdict.lapses(verdict.holds("a", lines) + taken)) == 1
 
 
 def test_a_released_message_was_let_go_when_the_drain_began():

@@ -3,6 +3,7 @@ extension under way never undoes a message's hand-back."""
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import time
 
@@ -145,3 +146,56 @@ async def test_an_extension_given_up_on_cannot_undo_a_release(
         await eventually(lambda: stage.counts(stage.queue_url) == (1, 0), timeout_s=6)
     finally:
         await proxy.stop()
+
+
+async def test_a_hand_back_whose_hold_lapsed_while_it_waited_is_not_sent(
+    stage: Stage, make_settings, tmp_path, caplog
+):
+    # The keeper's first extension is held 25 s by the proxy (its retry extends the
+    # message). Then the task fails: its retry's hand-back must wait for the held call, and
+    # the keeper extends a settled message no more, so the 10 s hold lapses meanwhile and
+    # another consumer (the test) receives the message. Sent once the held call lands, the
+    # hand-back's old receipt would make the new holder's message visible after the retry
+    # delay (1 s); it is not sent.
+    model = tmp_path / "model.bin"
+    model.write_bytes(b"any")
+    gate = tmp_path / "model.bin.go"
+    proxy = _TellsWhenHeldCallLands(
+        stage.endpoint,
+        FaultPlan(visibility_delay_s=25.0, visibility_delay_rate=1.0, visibility_delay_calls=1),
+    )
+    await proxy.start()
+    stage.send({"task_id": "gated", "input": _input(stage, "gated.npy")})
+    settings = make_settings(
+        handler="tests.worker.gates:GatedHandler",
+        model_path=str(model),
+        endpoint_url=proxy.url,
+        visibility_timeout_s=10,
+        heartbeat_s=3,
+        retry_base_s=1,
+    )
+    taken: list[dict] = []
+
+    def take() -> bool:
+        got = stage.sqs.receive_message(
+            QueueUrl=stage.queue_url, VisibilityTimeout=60, WaitTimeSeconds=1
+        )
+        taken.extend(got.get("Messages", []))
+        return bool(taken)
+
+    try:
+        async with running(settings) as worker:
+            await eventually(lambda: sample(worker.metrics, EXTENDED) >= 1, timeout_s=30)
+            assert proxy.counts[DELAYED] == 1 and not proxy.landed
+            proxy.plan.refusing = {"ReceiveMessage": 1.0}  # the worker takes nothing more
+            gate.write_text("fail")
+            await eventually(take, timeout_s=20)  # the lapse: the test holds it now
+            assert not proxy.landed
+            await eventually(lambda: outcome_count(worker, "retried") == 1, timeout_s=30)
+            assert proxy.landed  # the hand-back waited for the held call
+            await asyncio.sleep(3)  # past the retry delay a hand-back would have set
+            # Still the test's: in flight, not made visible by the old receipt.
+            assert stage.counts(stage.queue_url) == (0, 1)
+    finally:
+        await proxy.stop()
+    assert "hand-back not sent: its hold lapsed while it waited" in caplog.text

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -55,6 +56,9 @@ log = logging.getLogger("sqsinfer.queue")
 LINGER_S = 0.05
 # A next-stage send waits less: the chain marker's "sent" record follows it.
 SEND_LINGER_S = 0.02
+# A hand-back that waited for an extension call is sent only while its hold has this
+# long left: about what the call itself takes to land on a loaded machine.
+SETTLE_MARGIN_S = 1.0
 
 # The attributes of a dead-letter copy. A detail is cut to _DETAIL_MAX_CHARS, and to
 # _DETAIL_MIN_CHARS first when room is short.
@@ -81,6 +85,11 @@ class Message:
     trace_header: str = ""  # the AWSTraceHeader system attribute (X-Ray), if the producer set one
     # Set when its delete or hand-back is asked for: it is extended no more.
     settled: bool = field(default=False, init=False)
+    # Until when (monotonic) this receive holds it, as far as the worker knows: the
+    # visibility keeper sets it at receive and at each extension (inf: nobody keeps it).
+    # Past it the message may be another receive's, so a hand-back that had to wait is
+    # not sent (with an old receipt it could make the new holder's message visible).
+    hold_until: float = field(default=math.inf, init=False)
     # Its task's trace, once the worker started one (the batch calls of its message link to it).
     trace: TaskTrace = field(default=tracing.NO_TRACE, init=False, repr=False)
 
@@ -295,6 +304,11 @@ class SqsQueue:
                 await asyncio.wait(pending | {hurry}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             hurry.cancel()
+        if time.monotonic() > message.hold_until - SETTLE_MARGIN_S:
+            # Its visibility lapsed (or will before the call lands) while the wait went on:
+            # it is back on the queue already, or another receive's.
+            log.warning(Event.HAND_BACK_SKIPPED, extra={"message_id": message.message_id})
+            return False
         return await self._visibility.submit(entry, message.trace)
 
     def hurry(self) -> None:

@@ -58,15 +58,17 @@ class VisibilityKeeper:
         self.max_task_time_s = max_task_time_s
         self.metrics = metrics
         self.on_expired = on_expired
-        self._deadlines: dict[Message, float] = {}
+        # The messages it keeps; each one's deadline is its `hold_until`.
+        self._kept: set[Message] = set()
         self._extending: set[Message] = set()
         self._ticks: set[asyncio.Task[None]] = set()
 
     def add(self, message: Message) -> None:
-        self._deadlines[message] = message.received_at + self.visibility_timeout_s
+        message.hold_until = message.received_at + self.visibility_timeout_s
+        self._kept.add(message)
 
     def discard(self, message: Message) -> None:
-        self._deadlines.pop(message, None)
+        self._kept.discard(message)
 
     async def run(self) -> None:
         try:
@@ -88,19 +90,19 @@ class VisibilityKeeper:
 
     async def tick(self) -> None:
         now = time.monotonic()
-        for message in [m for m in self._deadlines if m.settled]:
+        for message in [m for m in self._kept if m.settled]:
             self.discard(message)
-        for message in [m for m in self._deadlines if now - m.received_at >= self.max_task_time_s]:
+        for message in [m for m in self._kept if now - m.received_at >= self.max_task_time_s]:
             self.discard(message)
             log.warning(Event.TASK_OVER_MAX_TIME, extra={"message_id": message.message_id})
             self.on_expired(message)
         due = sorted(
             (
                 m
-                for m, deadline in self._deadlines.items()
-                if deadline < now + 2 * self.heartbeat_s and m not in self._extending
+                for m in self._kept
+                if m.hold_until < now + 2 * self.heartbeat_s and m not in self._extending
             ),
-            key=self._deadlines.__getitem__,
+            key=lambda m: m.hold_until,
         )
         batches = [due[i : i + SQS_BATCH_MAX] for i in range(0, len(due), SQS_BATCH_MAX)]
         await asyncio.gather(*(self._keep(batch) for batch in batches))
@@ -128,22 +130,22 @@ class VisibilityKeeper:
             self._extending.difference_update(batch)
 
     def _held(self, messages: list[Message]) -> list[Message]:
-        return [m for m in messages if m in self._deadlines and not m.settled]
+        return [m for m in messages if m in self._kept and not m.settled]
 
     def _left_s(self, messages: list[Message]) -> float:
         """Seconds until the first of these messages lapses (0 when there are none)."""
         if not messages:
             return 0.0
-        return min(self._deadlines[m] for m in messages) - time.monotonic()
+        return min(m.hold_until for m in messages) - time.monotonic()
 
     def _record(self, results: dict[Message, Extension], started: float) -> list[Message]:
         """Note new deadlines; returns the messages worth another try."""
         extended = 0
         retry: list[Message] = []
         for message, result in results.items():
-            if result == Extension.EXTENDED and message in self._deadlines:
+            if result == Extension.EXTENDED and message in self._kept:
                 # SQS counts from when it handled the call, which is after it was sent.
-                self._deadlines[message] = started + self.visibility_timeout_s
+                message.hold_until = started + self.visibility_timeout_s
                 extended += 1
             elif result == Extension.RETRY:
                 retry.append(message)
