@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # imported where used: without the local extra the command sa
 PROXY_LOG = "proxy.log"
 SENDS = "sends.jsonl"  # every message the workers sent, as the proxy recorded it
 _POLL_S = 0.5
+_DRAINED_FOR_S = 3.0
 EXTENSIONS_METRIC = "sqsinfer_visibility_extensions_total"
 
 
@@ -256,6 +257,7 @@ def run_until_drained(
     s3, sqs = standin.clients(endpoint)
     pending = chaos.schedule()
     deadline = time.monotonic() + chaos.config.timeout_s
+    drained_at: float | None = None
     while time.monotonic() < deadline:
         done = _count_outputs(s3, "stage2/")
         while pending and done >= pending[0][0] * tasks:
@@ -269,7 +271,13 @@ def run_until_drained(
             and not pending
             and all(stage.queue_depth(sqs, queues[q]) == 0 for q in ("stage1", "stage2"))
         ):
-            return True
+            # Seen twice, a moment apart: the stand-in's counts were once seen at 0 while
+            # a retried message still had its delay to run, and the run stopped early.
+            drained_at = drained_at or time.monotonic()
+            if time.monotonic() - drained_at >= _DRAINED_FOR_S:
+                return True
+        else:
+            drained_at = None
         for worker in chaos.workers:
             if worker.process.poll() is not None:
                 raise RuntimeError(f"{worker.name} exited unexpectedly:\n{worker.tail_text()}")
