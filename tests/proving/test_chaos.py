@@ -6,9 +6,16 @@ import re
 import time
 from typing import Any
 
+import pytest
+
 from proving.chaos import command, verdict, workload
 
+# A run's own deadline is its `timeout_s` (300 s): the test's outlasts it, so that a run
+# slowed by a loaded machine ends in its report, not in a traceback of the stand-in's stop.
+_RUN_TIMEOUT = pytest.mark.timeout(420)
 
+
+@_RUN_TIMEOUT
 def test_a_small_chaos_run_loses_nothing(capsys):
     config = workload.ChaosConfig(
         tasks=40,
@@ -51,6 +58,7 @@ def test_a_small_chaos_run_loses_nothing(capsys):
     assert report.count("SIGKILL inference process") == config.child_kills
 
 
+@_RUN_TIMEOUT
 def test_a_small_chaos_run_fed_by_s3_events_loses_nothing(capsys):
     """Stage 1 fed by its bucket's notifications: odd keys, overwritten inputs (one output,
     one conflict), inputs deleted at once (read at their version), refused events, events
