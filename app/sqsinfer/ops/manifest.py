@@ -18,6 +18,7 @@ from typing import IO, Any
 
 import orjson
 
+from sqsinfer.aws.s3 import Storage
 from sqsinfer.compute.errors import InputError
 from sqsinfer.limits import SQS_DEFAULT_MAX_MESSAGE_BYTES, SQS_GROUP_ID_MAX_CHARS, is_group_id
 from sqsinfer.messages import (
@@ -34,7 +35,6 @@ from sqsinfer.tracing import NO_TRACE, TaskTrace
 MANIFEST_FORMATS = ("jsonl", "csv")
 _CSV_COLUMNS = ("task_id", "input", "output")
 _GLOB_CHARS = "*?["
-LIST_PAGE_SIZE = 1000
 
 
 @dataclass(frozen=True)
@@ -322,16 +322,10 @@ def _literal_part(text: str) -> str:
 
 async def list_keys(s3: Any, pattern: KeyPattern) -> AsyncIterator[str]:
     """Keys matching the pattern, a listing page (1,000 keys) at a time."""
-    paginator = s3.get_paginator("list_objects_v2")
-    pages = paginator.paginate(
-        Bucket=pattern.bucket,
-        Prefix=pattern.list_prefix,
-        PaginationConfig={"PageSize": LIST_PAGE_SIZE},
-    )
-    async for page in pages:
-        for item in page.get("Contents", []):
-            if pattern.matches(item["Key"]):
-                yield item["Key"]
+    async for keys in Storage(s3).keys(S3Uri(pattern.bucket, pattern.list_prefix)):
+        for key in keys:
+            if pattern.matches(key):
+                yield key
 
 
 async def read_listing(s3: Any, pattern: KeyPattern, validator: Validator) -> AsyncIterator[Item]:
