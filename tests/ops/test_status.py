@@ -251,6 +251,10 @@ def test_per_group_watch_and_usage(stage: Stage, tmp_path, capsys):
     no_prefix = _group_argv(stage, path)[:-4]
     assert cli.main([*no_prefix, "--interval-s", "0"]) == 2
     assert "--manifest needs --output-prefix" in capsys.readouterr().err
+    elsewhere = _group_argv(stage, path)
+    elsewhere[elsewhere.index("--output-prefix") + 1] = "s3://no-such-bucket-here/out/"
+    assert cli.main(elsewhere) == 2
+    assert "cannot list the outputs" in capsys.readouterr().err
 
 
 def test_outputs_under_each_allowed_prefix_are_counted_once(stage: Stage, tmp_path, capsys):

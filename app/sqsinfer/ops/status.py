@@ -350,7 +350,7 @@ async def _main(
                 await _watch(clients.sqs, refs, args, ledger)
             else:
                 rows = await _once(clients.sqs, refs, args.interval_s)
-                _print(rows, args, await ledger.count() if ledger else None)
+                _print(rows, args, await _count(ledger))
         except StatusError as exc:
             return common.usage_error("status", str(exc))
     return common.EXIT_OK
@@ -375,6 +375,15 @@ async def _once(sqs: Any, refs: list[QueueRef], interval_s: float) -> list[Queue
     else:
         last = first
     return [status(a, b) for a, b in zip(first, last, strict=True)]
+
+
+async def _count(ledger: GroupLedger | None) -> GroupReport | None:
+    if ledger is None:
+        return None
+    try:
+        return await ledger.count()
+    except (ClientError, BotoCoreError) as exc:  # no such bucket, not allowed to list
+        raise StatusError(f"cannot list the outputs: {exc}") from None
 
 
 def _print(
@@ -409,7 +418,7 @@ async def _watch(
     try:
         while True:
             rows = history.add(await sample(sqs, refs))
-            groups = await ledger.count() if ledger else None
+            groups = await _count(ledger)
             refreshes += 1
             if live is None:
                 _print(rows, args, groups)
