@@ -7,6 +7,8 @@ value here is the default a new queue has.
 
 from __future__ import annotations
 
+import string
+
 # -- SQS ------------------------------------------------------------------------------------
 # Entries in one ReceiveMessage answer, DeleteMessageBatch, ChangeMessageVisibilityBatch or
 # SendMessageBatch call.
@@ -22,8 +24,21 @@ SQS_MAX_VISIBILITY_S = 43_200
 # ... and the longest long poll of one ReceiveMessage call.
 SQS_MAX_WAIT_S = 20
 
+# A MessageGroupId (FIFO queues; fair queues, on a standard queue): 1 to 128 characters,
+# each a letter, a digit or ASCII punctuation.
+SQS_GROUP_ID_MAX_CHARS = 128
+SQS_GROUP_ID_CHARS = frozenset(string.ascii_letters + string.digits + string.punctuation)
+
+
+def is_group_id(text: str) -> bool:
+    """Whether SQS takes `text` as a MessageGroupId."""
+    return 0 < len(text) <= SQS_GROUP_ID_MAX_CHARS and SQS_GROUP_ID_CHARS.issuperset(text)
+
+
 # -- S3 -------------------------------------------------------------------------------------
 # An object key, in bytes of UTF-8.
 S3_MAX_KEY_BYTES = 1024
+# Keys in one listing page (ListObjectsV2, ListObjectVersions).
+S3_LIST_PAGE_MAX = 1000
 # User-defined metadata of one object: the keys and values of its x-amz-meta-* headers.
 S3_MAX_METADATA_BYTES = 2048

@@ -18,6 +18,8 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError
 
+from sqsinfer.limits import is_group_id
+
 # Characters outside XML 1.0's range (#x9 | #xA | #xD | #x20-#xD7FF | #xE000-#xFFFD |
 # #x10000-#x10FFFF), which AWS documents SQS refuses, and some inside it at its edges.
 OUTSIDE_XML = ["\uffff", "\ufffe", "\x00", "\x08"]
@@ -271,3 +273,52 @@ def test_redrive_moves_a_message_to_the_dlq_after_max_receive_count(aws: Aws):
 def _arn(aws: Aws, url: str) -> str:
     attrs = aws.sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])
     return str(attrs["Attributes"]["QueueArn"])
+
+
+# -- SQS: fair queues ----------------------------------------------------------------------
+PUNCTUATION = """!"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~"""  # all SQS allows in a group id
+
+
+def test_a_standard_queue_keeps_a_message_group_id(aws: Aws):
+    """A fair queue is a standard queue whose producers set MessageGroupId: the receive
+    hands it back as a system attribute (`sqsinfer enqueue --group-field`, the worker's
+    log, a redrive all rely on it). Neither stand-in serves the groups fairly: that is
+    AWS's scheduling, not a contract a stand-in can show."""
+    url = aws.queue()
+    sent_groups = {"a": "tenant-a", "b": PUNCTUATION, "c": None, "d": "x" * 128}
+    entries = [
+        {"Id": body, "MessageBody": body, **({"MessageGroupId": g} if g else {})}
+        for body, g in sent_groups.items()
+    ]
+    assert len(aws.sqs.send_message_batch(QueueUrl=url, Entries=entries)["Successful"]) == 4
+    groups: dict[str, str | None] = {}
+    for _ in range(10):  # a standard queue's receive may bring a part of what it holds
+        got = aws.sqs.receive_message(
+            QueueUrl=url,
+            MaxNumberOfMessages=10,
+            WaitTimeSeconds=1,
+            VisibilityTimeout=60,
+            MessageSystemAttributeNames=["All"],
+        ).get("Messages", [])
+        groups |= {m["Body"]: m.get("Attributes", {}).get("MessageGroupId") for m in got}
+        if len(groups) == len(sent_groups):
+            break
+    assert groups == sent_groups
+    assert all(is_group_id(g) for g in sent_groups.values() if g is not None)
+
+
+@pytest.mark.parametrize(
+    "group", ["x" * 129, "café", "a b", ""], ids=["129", "accent", "space", "empty"]
+)
+def test_a_group_id_sqs_refuses_is_refused_where_moto_keeps_it(aws: Aws, group: str):
+    """The rule `sqsinfer enqueue --group-field` holds a task to before sending
+    (limits.is_group_id) is LocalStack's, as AWS documents it; moto stores anything."""
+    assert not is_group_id(group)
+    url = aws.queue()
+    refused = refusal(
+        lambda: aws.sqs.send_message(QueueUrl=url, MessageBody="a", MessageGroupId=group)
+    )
+    if aws.strict:
+        assert refused == (400, "InvalidParameterValue")
+    else:
+        assert refused is None

@@ -368,3 +368,62 @@ def test_skip_done_looks_for_the_given_models_outputs_under_a_per_model_prefix(
     assert cli.main([*argv, "--model-sha256", sha, "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert (summary["sent"], summary["skipped_done"]) == (3, 1)
+
+
+# -- fair queues: --group-field -------------------------------------------------------
+def test_group_field_sets_each_messages_group_id(stage: Stage, tmp_path, capsys):
+    b = stage.bucket
+    tenants = ["acme", "globex", 42, "a" * 128, "x!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~"]
+    lines = [
+        json.dumps({"task_id": f"g{i}", "input": f"s3://{b}/in/{i}.npy", "tenant": tenant})
+        for i, tenant in enumerate(tenants)
+    ]
+    lines += [
+        json.dumps({"task_id": "none", "input": f"s3://{b}/in/n.npy"}),
+        json.dumps({"task_id": "long", "input": f"s3://{b}/in/l.npy", "tenant": "a" * 129}),
+        json.dumps({"task_id": "accent", "input": f"s3://{b}/in/e.npy", "tenant": "café"}),
+        json.dumps({"task_id": "space", "input": f"s3://{b}/in/s.npy", "tenant": "a b"}),
+        json.dumps({"task_id": "empty", "input": f"s3://{b}/in/m.npy", "tenant": ""}),
+        json.dumps({"task_id": "bool", "input": f"s3://{b}/in/t.npy", "tenant": True}),
+        json.dumps({"task_id": "obj", "input": f"s3://{b}/in/o.npy", "tenant": {"id": 1}}),
+    ]
+    path = _write(tmp_path / "tenants.jsonl", lines)
+    code = cli.main([*_args(stage, path, "--group-field", "tenant"), "--json"])
+    captured = capsys.readouterr()
+    summary = json.loads(captured.out)
+    assert code == 3
+    assert (summary["sent"], summary["bad"]) == (5, 7)
+    assert summary["bad_reasons"] == {"missing_field": 1, "invalid_field": 6}
+    assert f"{path}:6: missing_field: missing tenant (the group field)" in captured.err
+    for line in range(7, 13):
+        assert f"{path}:{line}: invalid_field: tenant " in captured.err
+    assert "is not a group id: 1-128 letters, digits or ASCII punctuation" in captured.err
+    got = {
+        json.loads(m["Body"])["task_id"]: m["Attributes"].get("MessageGroupId")
+        for m in stage.drain_queue(stage.queue_url)
+    }
+    assert got == {f"g{i}": str(tenant) for i, tenant in enumerate(tenants)}
+
+
+def test_group_field_from_a_csv_column_and_without_it(stage: Stage, tmp_path, capsys):
+    b = stage.bucket
+    rows = ["task_id,input,tenant"] + [f"c{i},s3://{b}/in/{i}.csv,t{i % 2}" for i in range(4)]
+    rows.append(f"c4,s3://{b}/in/4.csv,")  # an empty cell: no group
+    path = _write(tmp_path / "tasks.csv", rows)
+    assert cli.main(_args(stage, path, "--group-field", "tenant")) == 3
+    captured = capsys.readouterr()
+    assert "sent 4," in captured.out and f"{path}:6: missing_field" in captured.err
+    messages = stage.drain_queue(stage.queue_url)
+    got = {json.loads(m["Body"])["task_id"]: m["Attributes"]["MessageGroupId"] for m in messages}
+    assert got == {f"c{i}": f"t{i % 2}" for i in range(4)}
+    assert json.loads(messages[0]["Body"])["tenant"] in ("t0", "t1")  # the worker sees it too
+    # without the option nothing is grouped (and the column is not sent)
+    assert cli.main(_args(stage, path)) == 0
+    capsys.readouterr()
+    assert all("MessageGroupId" not in m["Attributes"] for m in stage.drain_queue(stage.queue_url))
+
+
+def test_group_field_needs_a_manifest(stage: Stage, capsys):
+    listing = _args(stage, "--from-prefix", f"s3://{stage.bucket}/in/", "--group-field", "t")
+    assert cli.main(listing) == 2
+    assert "--group-field needs a manifest" in capsys.readouterr().err

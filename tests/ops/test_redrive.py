@@ -207,3 +207,17 @@ def test_attribute_helpers():
         "trace": {"DataType": "String", "StringValue": "t"},
         "blob": {"DataType": "Binary", "BinaryValue": b"\x00"},
     }
+
+
+def test_a_moved_message_keeps_its_group(stage: Stage, capsys):
+    """A fair queue's message the redrive policy moved keeps its MessageGroupId; moved
+    back, it is still its tenant's."""
+    for i, tenant in enumerate(["acme", "globex", ""]):
+        body = json.dumps({"task_id": f"g{i}", "input": f"s3://{stage.bucket}/in/g{i}.npy"})
+        group = {"MessageGroupId": tenant} if tenant else {}
+        stage.sqs.send_message(QueueUrl=stage.dlq_url, MessageBody=body, **group)
+    assert cli.main(_argv(stage, "--queue-url", stage.queue_url)) == 0
+    assert "moved 3" in capsys.readouterr().out
+    moved = stage.drain_queue(stage.queue_url)
+    got = {json.loads(m["Body"])["task_id"]: m["Attributes"].get("MessageGroupId") for m in moved}
+    assert got == {"g0": "acme", "g1": "globex", "g2": None}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import numpy as np
 import pytest
@@ -40,6 +41,19 @@ async def test_commits_prediction_for_each_input_format(
 
 def _npy(rows: np.ndarray) -> bytes:
     return synthetic.encode_input(rows, "npy")
+
+
+async def test_a_fair_queues_group_id_is_in_the_tasks_log_line(stage: Stage, make_settings, caplog):
+    caplog.set_level(logging.INFO, logger="sqsinfer.task")
+    uri = stage.put_input("g.npy", _npy(synthetic.make_rows(2, N_FEATURES, seed=4)))
+    for task_id, group in (("grouped", {"MessageGroupId": "acme"}), ("plain", {})):
+        body = json.dumps({"task_id": task_id, "input": uri})
+        stage.sqs.send_message(QueueUrl=stage.queue_url, MessageBody=body, **group)
+    async with running(make_settings()) as worker:
+        await eventually(lambda: outcome_count(worker, "committed") == 2)
+    finished = {r.task_id: r.__dict__ for r in caplog.records if r.getMessage() == "task finished"}
+    assert finished["grouped"]["group_id"] == "acme"
+    assert "group_id" not in finished["plain"]
 
 
 async def test_existing_output_is_a_duplicate_and_never_overwritten(stage: Stage, make_settings):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterable, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
@@ -29,6 +29,7 @@ from sqsinfer.aws.endpoints import BucketRoute
 from sqsinfer.aws.session import SDK_RETRIES, error_code, http_status
 from sqsinfer.backoff import Backoff
 from sqsinfer.compute.errors import InputError
+from sqsinfer.limits import S3_LIST_PAGE_MAX
 from sqsinfer.logs import Event
 from sqsinfer.messages import S3Uri
 from sqsinfer.shm import Segments, SharedInput
@@ -236,6 +237,15 @@ class Storage:
         return ObjectInfo(
             dict(response.get("Metadata", {})), _age_s(response), str(response.get("ETag", ""))
         )
+
+    async def keys(self, prefix: S3Uri) -> AsyncIterator[list[str]]:
+        """The keys under a prefix (latest versions only), a listing page at a time."""
+        paginator = self.client.get_paginator("list_objects_v2")
+        pages = paginator.paginate(
+            Bucket=prefix.bucket, Prefix=prefix.key, PaginationConfig={"PageSize": S3_LIST_PAGE_MAX}
+        )
+        async for page in pages:
+            yield [item["Key"] for item in page.get("Contents", [])]
 
     async def get_shared(
         self, uri: S3Uri, max_bytes: int, version: str | None = None

@@ -72,6 +72,8 @@ _DETAIL_MAX_CHARS = 1000
 _DETAIL_MIN_CHARS = 100
 _DETAIL_OVERHEAD = len(DETAIL_ATTR) + len("String")
 _TRACE_ATTRS = frozenset({TRACEPARENT, TRACESTATE})
+GROUP_ID_ATTR = "MessageGroupId"  # the system attribute, and the send field, of the same name
+_SYSTEM_ATTRS = ["ApproximateReceiveCount", AWS_TRACE_HEADER, GROUP_ID_ATTR]
 
 
 @dataclass(eq=False)
@@ -83,6 +85,7 @@ class Message:
     attributes: dict[str, Any] = field(default_factory=dict)
     received_at: float = field(default_factory=time.monotonic)
     trace_header: str = ""  # the AWSTraceHeader system attribute (X-Ray), if the producer set one
+    group_id: str = ""  # its MessageGroupId (a fair or FIFO queue's), if the producer set one
     # Set when its delete or hand-back is asked for: it is extended no more.
     settled: bool = field(default=False, init=False)
     # Until when (monotonic) this receive holds it, as far as the worker knows: the
@@ -103,6 +106,7 @@ class Message:
             receive_count=int(system.get("ApproximateReceiveCount", 1)),
             attributes=raw.get("MessageAttributes", {}) or {},
             trace_header=str(system.get(AWS_TRACE_HEADER, "")),
+            group_id=str(system.get(GROUP_ID_ATTR, "")),
         )
 
 
@@ -268,12 +272,12 @@ class SqsQueue:
             MaxNumberOfMessages=max(1, min(max_messages, SQS_BATCH_MAX)),
             WaitTimeSeconds=wait_s,
             VisibilityTimeout=visibility_s,
-            # The count, and X-Ray's trace header (the parent of a task's trace when the
-            # producer set no `traceparent`).
-            MessageSystemAttributeNames=["ApproximateReceiveCount", AWS_TRACE_HEADER],
+            # The count, X-Ray's trace header (the parent of a task's trace when the
+            # producer set no `traceparent`), and the group id (logged; kept by a redrive).
+            MessageSystemAttributeNames=_SYSTEM_ATTRS,
             # The older name of the same list, for services that know only it (older moto,
             # some emulators): without the count, every delivery looks like a first.
-            AttributeNames=["ApproximateReceiveCount", AWS_TRACE_HEADER],
+            AttributeNames=_SYSTEM_ATTRS,
             MessageAttributeNames=["All"],
         )
         return [Message.from_sqs(raw) for raw in response.get("Messages", [])]
@@ -579,18 +583,26 @@ class Sender:
     async def send(self, body: str | bytes, attributes: dict[str, Any] | None = None) -> str:
         """Send one message; its MessageId."""
         with tracing.current().call("SendMessage", self.url, "producer"):
-            response = await self.client.send_message(QueueUrl=self.url, **_entry(body, attributes))
+            response = await self.client.send_message(
+                QueueUrl=self.url, **send_entry(body, attributes)
+            )
         return str(response["MessageId"])
 
     async def drain(self) -> None:
         """Wait for sends gathered but not yet made (none here: each send is its own call)."""
 
 
-def _entry(body: str | bytes, attributes: dict[str, Any] | None) -> dict[str, Any]:
-    """A message's fields as SendMessage and a SendMessageBatch entry both take them."""
+def send_entry(
+    body: str | bytes, attributes: dict[str, Any] | None = None, group_id: str = ""
+) -> dict[str, Any]:
+    """A message's fields as SendMessage and a SendMessageBatch entry both take them. A
+    group id on a standard queue makes it a fair queue: each group is served in turn,
+    so one group's backlog does not hold up the others (not a FIFO's order)."""
     entry: dict[str, Any] = {"MessageBody": body.decode() if isinstance(body, bytes) else body}
     if attributes:
         entry["MessageAttributes"] = attributes
+    if group_id:
+        entry[GROUP_ID_ATTR] = group_id
     return entry
 
 
@@ -630,7 +642,7 @@ class BatchSender(Sender):
         )
 
     async def send(self, body: str | bytes, attributes: dict[str, Any] | None = None) -> str:
-        return await self._batcher.submit(_entry(body, attributes))
+        return await self._batcher.submit(send_entry(body, attributes))
 
     async def drain(self) -> None:
         await self._batcher.drain()

@@ -31,6 +31,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from sqsinfer.aws.session import error_code, http_status
 from sqsinfer.compute import formats
 from sqsinfer.compute.errors import InputError
+from sqsinfer.limits import S3_LIST_PAGE_MAX
 from sqsinfer.messages import S3Uri, parse_s3_uri
 from sqsinfer.ops import common
 from sqsinfer.ops.changes import (
@@ -47,7 +48,6 @@ from sqsinfer.ops.changes import (
 )
 from sqsinfer.ops.enqueue import in_thread
 from sqsinfer.ops.manifest import (
-    LIST_PAGE_SIZE,
     MANIFEST_FORMATS,
     BadLine,
     Entry,
@@ -297,8 +297,8 @@ async def from_manifest(items: AsyncIterator[Item], a: S3Uri, b: S3Uri) -> Async
 async def from_listing(s3: Any, a: S3Uri, b: S3Uri) -> AsyncIterator[Work]:
     """Both prefixes' outputs, merged by relative key (S3 lists in key order)."""
     async with contextlib.AsyncExitStack() as stack:
-        left = await stack.enter_async_context(_read_ahead(_outputs(s3, a), LIST_PAGE_SIZE))
-        right = await stack.enter_async_context(_read_ahead(_outputs(s3, b), LIST_PAGE_SIZE))
+        left = await stack.enter_async_context(_read_ahead(_outputs(s3, a), S3_LIST_PAGE_MAX))
+        right = await stack.enter_async_context(_read_ahead(_outputs(s3, b), S3_LIST_PAGE_MAX))
         async for item in _merged(left, right, a, b):
             yield item
 

@@ -9,6 +9,7 @@ billion-key manifest share one with a chance below 10^-20.
 
 from __future__ import annotations
 
+import array
 import hashlib
 from collections.abc import Sequence
 
@@ -43,17 +44,49 @@ class DigestBuilder:
         digests = np.frombuffer(self._buffer, dtype=_DTYPE).copy()
         self._buffer = bytearray()
         digests.sort()
-        if len(digests) > 1:
-            repeated = digests[1:] == digests[:-1]
-            if repeated.any():
-                digests = np.delete(digests, np.flatnonzero(repeated) + 1)
-        return KeyIndex(digests)
+        return KeyIndex(digests[_first_of_each(digests)])
+
+
+class TaggedDigestBuilder(DigestBuilder):
+    """The same, each key with a small number (its group): 4 bytes more a key."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._tags = array.array("I")
+
+    def add(self, key: str, tag: int = 0) -> None:
+        super().add(key)
+        self._tags.append(tag)
+
+    def build(self) -> KeyIndex:
+        """The index; a key added twice keeps its first tag."""
+        digests = np.frombuffer(self._buffer, dtype=_DTYPE)
+        tags = np.frombuffer(self._tags, dtype=np.uint32)
+        order = np.argsort(digests, kind="stable")
+        digests, tags = digests[order], tags[order]
+        self._buffer, self._tags = bytearray(), array.array("I")
+        first = _first_of_each(digests)
+        return KeyIndex(digests[first], tags[first])
+
+
+def _first_of_each(sorted_digests: np.ndarray) -> np.ndarray:
+    """Which places of a sorted array hold the first of their run of equal digests."""
+    first = np.ones(len(sorted_digests), dtype=bool)
+    first[1:] = sorted_digests[1:] != sorted_digests[:-1]
+    return first
 
 
 class KeyIndex:
-    def __init__(self, sorted_digests: np.ndarray) -> None:
+    def __init__(self, sorted_digests: np.ndarray, tags: np.ndarray | None = None) -> None:
         self._digests = sorted_digests
         self.flags = np.zeros(len(sorted_digests), dtype=np.uint8)
+        self.tags = tags  # each key's tag (TaggedDigestBuilder), in the digests' order
+
+    def count_by_tag(self, tags: int, flag: int = 0) -> np.ndarray:
+        """Keys per tag 0..tags-1: all of them, or those with `flag` set."""
+        assert self.tags is not None
+        weights = None if not flag else (self.flags & flag) > 0
+        return np.bincount(self.tags, weights=weights, minlength=tags).astype(np.int64)
 
     def __len__(self) -> int:
         return len(self._digests)

@@ -33,6 +33,7 @@ from obstore.exceptions import BaseError as ObstoreError
 
 from sqsinfer import lineage
 from sqsinfer.aws.s3 import DataPath, ObjectInfo, Storage
+from sqsinfer.limits import S3_LIST_PAGE_MAX
 from sqsinfer.logs import Event
 from sqsinfer.messages import S3Uri
 from sqsinfer.ops.deadletters import DeadLetter, DeadLetterRead, DeadLetterReader
@@ -46,7 +47,6 @@ MARKER_SUFFIX = ".chain"  # the chain marker beside each handed-on output (worke
 _STATE_KEY = "chain-state"
 _SENT = "sent"
 _CHUNK = 1000  # spool lines looked up at once
-_LIST_PAGE = 1000
 
 
 class Category(StrEnum):
@@ -369,7 +369,7 @@ class Audit:
                 yield page
             return
         store = await self.data.store(prefix.bucket)
-        async for chunk in obstore.list(store, prefix.key or None, chunk_size=_LIST_PAGE):
+        async for chunk in obstore.list(store, prefix.key or None, chunk_size=S3_LIST_PAGE_MAX):
             yield [meta["path"] for meta in chunk], []
 
     async def _versioned(self, bucket: str) -> bool:
@@ -383,12 +383,8 @@ class Audit:
 
     async def _objects(self, prefix: S3Uri) -> AsyncIterator[tuple[list[str], list[str]]]:
         """Pages of (keys that exist, keys written twice): one version each, here."""
-        paginator = self.s3.get_paginator("list_objects_v2")
-        pages = paginator.paginate(
-            Bucket=prefix.bucket, Prefix=prefix.key, PaginationConfig={"PageSize": _LIST_PAGE}
-        )
-        async for page in pages:
-            yield [item["Key"] for item in page.get("Contents", [])], []
+        async for keys in self.storage.keys(prefix):
+            yield keys, []
 
     async def _versions(self, prefix: S3Uri) -> AsyncIterator[tuple[list[str], list[str]]]:
         """Pages of (keys whose latest version is an object, non-marker keys with more than
@@ -396,7 +392,7 @@ class Audit:
         of a page waits for the next."""
         paginator = self.s3.get_paginator("list_object_versions")
         pages = paginator.paginate(
-            Bucket=prefix.bucket, Prefix=prefix.key, PaginationConfig={"PageSize": _LIST_PAGE}
+            Bucket=prefix.bucket, Prefix=prefix.key, PaginationConfig={"PageSize": S3_LIST_PAGE_MAX}
         )
         tally = _VersionTally()
         async for page in pages:

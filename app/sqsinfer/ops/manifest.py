@@ -18,16 +18,23 @@ from typing import IO, Any
 
 import orjson
 
+from sqsinfer.aws.s3 import Storage
 from sqsinfer.compute.errors import InputError
-from sqsinfer.limits import SQS_DEFAULT_MAX_MESSAGE_BYTES
-from sqsinfer.messages import MessageRules, S3Uri, Task, parse_s3_uri, parse_task
+from sqsinfer.limits import SQS_DEFAULT_MAX_MESSAGE_BYTES, SQS_GROUP_ID_MAX_CHARS, is_group_id
+from sqsinfer.messages import (
+    MessageRules,
+    S3Uri,
+    Task,
+    load_object,
+    parse_s3_uri,
+    task_from_document,
+)
 from sqsinfer.ops import common
 from sqsinfer.tracing import NO_TRACE, TaskTrace
 
 MANIFEST_FORMATS = ("jsonl", "csv")
 _CSV_COLUMNS = ("task_id", "input", "output")
 _GLOB_CHARS = "*?["
-LIST_PAGE_SIZE = 1000
 
 
 @dataclass(frozen=True)
@@ -38,6 +45,7 @@ class Entry:
     body: str
     task: Task
     size_bytes: int = 0  # bytes of the manifest it used (for progress)
+    group_id: str = ""  # its MessageGroupId (from `--group-field`; "": none)
     # The task's trace, begun when `sqsinfer enqueue` batches it (traces on).
     trace: TaskTrace = field(default=NO_TRACE, compare=False, repr=False)
 
@@ -61,6 +69,7 @@ class Validator:
 
     With the stage's own settings (`--allowed-input-prefixes`, `--output-prefix`, or
     their SQSINFER_ variables) a line passes exactly when the worker would accept it.
+    With `group_field`, a task must also name its group there (`group_of`).
     """
 
     def __init__(
@@ -72,6 +81,7 @@ class Validator:
         output_suffix: str = ".npy",
         max_message_bytes: int = SQS_DEFAULT_MAX_MESSAGE_BYTES,
         placeholders: Mapping[str, str] | None = None,
+        group_field: str = "",
     ) -> None:
         if not allowed_outputs and output_prefix is not None:
             allowed_outputs = (output_prefix,)  # the worker's default
@@ -81,10 +91,18 @@ class Validator:
         self.output_suffix = output_suffix
         self.max_message_bytes = max_message_bytes
         self.placeholders = placeholders  # a stage's model, when known: outputs name it
+        self.group_field = group_field  # the top-level field naming a task's group ("": none)
 
     def check(self, body: str | bytes) -> Task:
         """The task, or InputError with the worker's reason."""
-        return parse_task(body, self._rules(body))
+        return self.read(body)[0]
+
+    def read(self, body: str | bytes) -> tuple[Task, str]:
+        """The task and its group id ("" without a group field), or InputError."""
+        rules = self._rules(body)
+        doc = load_object(body, rules)
+        task = task_from_document(doc, rules)
+        return task, group_of(doc, self.group_field) if self.group_field else ""
 
     def _rules(self, body: str | bytes) -> MessageRules:
         roots = () if self.allowed_inputs and self.allowed_outputs else _bucket_roots(body)
@@ -98,6 +116,22 @@ class Validator:
             require_installed_formats=False,  # the worker's packages, not this machine's
             placeholders=self.placeholders,
         )
+
+
+def group_of(doc: Mapping[str, Any], name: str) -> str:
+    """The group id a task's top-level field `name` gives (a string, or an integer
+    written in decimal), or InputError: SQS takes it as a MessageGroupId as it is."""
+    if name not in doc:
+        raise InputError("missing_field", f"missing {name} (the group field)")
+    value = doc[name]
+    text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+    if not isinstance(text, str) or not is_group_id(text):
+        raise InputError(
+            "invalid_field",
+            f"{name} {str(value)[:64]!r} is not a group id: 1-{SQS_GROUP_ID_MAX_CHARS} "
+            "letters, digits or ASCII punctuation",
+        )
+    return text
 
 
 def _bucket_roots(body: str | bytes) -> tuple[S3Uri, ...]:
@@ -121,10 +155,10 @@ def _bucket_roots(body: str | bytes) -> tuple[S3Uri, ...]:
 
 def _item(validator: Validator, where: str, body: str, size_bytes: int) -> Item:
     try:
-        task = validator.check(body)
+        task, group_id = validator.read(body)
     except InputError as exc:
         return BadLine(where, exc.reason, exc.detail, size_bytes)
-    return Entry(where, body, task, size_bytes)
+    return Entry(where, body, task, size_bytes, group_id=group_id)
 
 
 # -- JSONL --------------------------------------------------------------------------
@@ -169,7 +203,8 @@ class _CountingLines:
 
 
 def read_csv(lines: Iterable[bytes], name: str, validator: Validator) -> Iterator[Item]:
-    """Rows of `task_id,input[,output]`; a first row naming the columns is a header."""
+    """Rows of `task_id,input[,output]`; a first row naming the columns is a header (it
+    may name the group field's column too)."""
     source = _CountingLines(lines)
     reader = csv.reader(source)
     columns: tuple[str, ...] = _CSV_COLUMNS
@@ -186,7 +221,7 @@ def read_csv(lines: Iterable[bytes], name: str, validator: Validator) -> Iterato
         if source.undecodable:
             yield BadLine(where, "malformed_json", "the line is not UTF-8", size)
             continue
-        body = _csv_body(columns, cells)
+        body = _csv_body(columns, cells, validator.group_field)
         if isinstance(body, BadLine):
             yield BadLine(where, body.reason, body.detail, size)
         else:
@@ -197,13 +232,13 @@ def _header(cells: list[str]) -> tuple[str, ...]:
     return tuple(cell.lstrip("\ufeff").lower() for cell in cells)
 
 
-def _csv_body(columns: tuple[str, ...], cells: list[str]) -> str | BadLine:
+def _csv_body(columns: tuple[str, ...], cells: list[str], group_field: str) -> str | BadLine:
     if len(cells) > len(columns) or len(cells) < 2:
         expected = ",".join(columns)
         return BadLine("", "invalid_field", f"{len(cells)} columns, expected {expected}")
     doc: dict[str, Any] = {}
     for column, cell in zip(columns, cells, strict=False):
-        if column in _CSV_COLUMNS and cell:
+        if (column in _CSV_COLUMNS or column == group_field) and cell:
             doc[column] = cell
     return orjson.dumps(doc).decode()
 
@@ -287,16 +322,10 @@ def _literal_part(text: str) -> str:
 
 async def list_keys(s3: Any, pattern: KeyPattern) -> AsyncIterator[str]:
     """Keys matching the pattern, a listing page (1,000 keys) at a time."""
-    paginator = s3.get_paginator("list_objects_v2")
-    pages = paginator.paginate(
-        Bucket=pattern.bucket,
-        Prefix=pattern.list_prefix,
-        PaginationConfig={"PageSize": LIST_PAGE_SIZE},
-    )
-    async for page in pages:
-        for item in page.get("Contents", []):
-            if pattern.matches(item["Key"]):
-                yield item["Key"]
+    async for keys in Storage(s3).keys(S3Uri(pattern.bucket, pattern.list_prefix)):
+        for key in keys:
+            if pattern.matches(key):
+                yield key
 
 
 async def read_listing(s3: Any, pattern: KeyPattern, validator: Validator) -> AsyncIterator[Item]:

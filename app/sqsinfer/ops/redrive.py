@@ -35,6 +35,7 @@ from sqsinfer.aws.sqs import (
     Batcher,
     Message,
     SqsQueue,
+    send_entry,
 )
 from sqsinfer.limits import SQS_BATCH_MAX
 from sqsinfer.logs import Event
@@ -215,7 +216,7 @@ class Redriver:
     async def _move(self, target: str, messages: list[Message]) -> None:
         sender = self._sender(target)
         sends = [
-            sender.submit(_send_entry(message.body, kept_attributes(message)))
+            sender.submit(send_entry(message.body, kept_attributes(message), message.group_id))
             for message in messages
         ]
         sent_ok = await asyncio.gather(*sends, return_exceptions=True)
@@ -259,13 +260,6 @@ class Redriver:
             )
         await self.dlq.drain()
         self.held.clear()
-
-
-def _send_entry(body: str, attributes: dict[str, Any]) -> dict[str, Any]:
-    entry: dict[str, Any] = {"MessageBody": body}
-    if attributes:
-        entry["MessageAttributes"] = attributes
-    return entry
 
 
 def _batch_call(sqs: Any, url: str) -> Callable[[list[dict[str, Any]]], Any]:

@@ -794,6 +794,8 @@ class Pipeline:
             "message_id": held.message.message_id,
             "receive_count": held.message.receive_count,
         }
+        if held.message.group_id:  # a fair queue's tenant, say: whose task this was
+            ids["group_id"] = held.message.group_id
         if held.records is not None and held.records.running:
             ids["record"] = len(held.records.ended) + 1  # of a message of several
         return ids
