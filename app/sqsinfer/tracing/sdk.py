@@ -195,8 +195,9 @@ class Recorder:
     hands each straight to them when it ends.
 
     The SDK's tracer makes a live span first (a lock, attributes checked and copied one
-    by one, a copy again when it ends): about half of tracing's cost in the worker. The
-    spans here are built once, when they end, from what the pipeline measured. What the
+    by one, a copy again when it ends), which cost the worker about 0.25 ms of a traced
+    task's 0.8. The spans here are built once, when they end, from what the pipeline
+    measured. What the
     tracer decides is decided here the same way, with the provider's own parts: the
     sampler (OTEL_TRACES_SAMPLER), the id generator, the resource. Attributes are not
     truncated to OTEL_ATTRIBUTE_* limits: sqsinfer's are few and short (an S3 URI is the
