@@ -26,6 +26,8 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext
 
+from sqsinfer.logs import Event
+
 log = logging.getLogger("sqsinfer.tracing")
 
 _FIXED64 = struct.Struct("<Q")
@@ -103,7 +105,7 @@ def _attributes(tag: int, attributes: Mapping[str, Any] | None) -> bytes:
         try:
             pair = _key_value(key, value)
         except TypeError as exc:  # the SDK's encoder logs and leaves the attribute out
-            log.warning("span attribute %s not exported: %s", key, exc)
+            log.warning(Event.SPAN_ATTRIBUTE_NOT_EXPORTED, extra={"key": key, "error": str(exc)})
             continue
         parts.append(head + _varint(len(pair)) + pair)
     return b"".join(parts)
@@ -241,7 +243,7 @@ class Exporter(OTLPSpanExporter):
         try:
             data = encode(spans)
         except Exception as exc:  # the SDK's encoder says so and drops the batch as well
-            log.error("failed to encode a batch of spans: %s", exc)
+            log.error(Event.SPANS_NOT_ENCODED, extra={"spans": len(spans), "error": str(exc)})
             return SpanExportResult.FAILURE
         if client.export(data).success:
             return SpanExportResult.SUCCESS
