@@ -107,7 +107,9 @@ def test_quick_run_of_the_traced_worker_reports_what_tracing_costs(tmp_path):
     hooks = found["tracing_hooks"]
     assert hooks["flushed"] and hooks["exported_bytes_per_task"] > 0
     assert hooks["traced_cpu_ms_per_task"] > hooks["off_cpu_ms_per_task"] > 0
-    assert "tracing every task" in done.stdout and "tracing alone" in done.stdout
+    assert 0 < hooks["calls_cpu_ms_per_task"] < hooks["traced_cpu_ms_per_task"]
+    assert "tracing (every task" in done.stdout and "tracing alone" in done.stdout
+    assert "(the calls " in done.stdout
 
 
 @pytest.mark.parametrize(

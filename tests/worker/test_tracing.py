@@ -332,6 +332,36 @@ async def test_the_producer_context_is_the_parent_and_the_exemplar_of_its_durati
     assert openmetrics.rstrip().endswith("# EOF")
 
 
+async def test_a_sampling_ratio_keeps_a_sampled_producers_trace_and_drops_the_rest(
+    stage: Stage, make_settings, otlp: OtlpReceiver, monkeypatch: pytest.MonkeyPatch
+):
+    """OTEL_TRACES_SAMPLER=parentbased_traceidratio, as operating.md advises at high rates:
+    a task whose producer sampled it is traced whole; one whose producer did not, and one
+    with no producer's context at a ratio of 0, leave no span (nor does a batch call, a
+    root of its own)."""
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "parentbased_traceidratio")
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "0")
+    sampled = ("0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331")
+    unsampled = {
+        "traceparent": {
+            "DataType": "String",
+            "StringValue": "00-1af7651916cd43dd8448eb211c80319c-c7ad6b7169203331-00",
+        }
+    }
+    for task_id, attributes in (("kept", traceparent(*sampled)), ("not", unsampled), ("root", {})):
+        body = json.dumps({"task_id": task_id, "input": _input(stage, f"{task_id}.npy")})
+        stage.sqs.send_message(
+            QueueUrl=stage.queue_url, MessageBody=body, MessageAttributes=attributes
+        )
+    async with running(make_settings(handler=SCRIPTED)) as worker:
+        await eventually(lambda: outcome_count(worker, "committed") == 3)
+    spans = received(otlp)
+    assert {s.trace_id for s in spans} == {sampled[0]}
+    (task,) = [s for s in spans if s.name.startswith("process ")]
+    assert (task.attributes["sqsinfer.task_id"], task.parent_id) == ("kept", sampled[1])
+    assert {"GET input", "compute", "PUT output", "delete"} <= set(_children(spans, task))
+
+
 async def test_a_drain_ends_every_task_span_and_exports_it_before_the_exit(
     stage: Stage, make_settings, otlp: OtlpReceiver
 ):

@@ -132,6 +132,19 @@ def ratios(scenarios: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return found
 
 
+def _sampler(report: dict[str, Any]) -> str:
+    """How the traced worker's tasks were sampled (every one unless the bench was told)."""
+    traced = report["scenarios"].get("sqsinfer-traced", {})
+    sampler = (traced.get("traces_exported") or {}).get("sampler", "")
+    return "every task" if sampler in ("", "always_on") else f"sampler {sampler}"
+
+
+def _calls_part(hooks: dict[str, Any]) -> str:
+    """The calls' own thread's share of the micro-benchmark (the rest: the exporter's)."""
+    calls = hooks.get("calls_cpu_ms_per_task")
+    return "" if calls is None else f" (the calls {calls:.3f}, the export the rest)"
+
+
 def _ms(seconds: Any) -> float | None:
     return None if seconds is None else round(float(seconds) * 1000, 3)
 
@@ -369,14 +382,15 @@ def table(report: dict[str, Any]) -> str:
     ]
     if r.get("tracing_cpu_ms_per_task") is not None:
         lines.append(
-            f"tracing every task (100 % sampled, OTLP/HTTP): the worker's process spends "
+            f"tracing ({_sampler(report)}, OTLP/HTTP): the worker's process spends "
             f"{ratio('tracing_cpu_ms_per_task')} ms/task more CPU than untraced"
         )
     hooks = report.get("tracing_hooks")
     if hooks:
         lines.append(
             f"tracing alone (its calls for {hooks['tasks']} tasks, their spans exported): "
-            f"{hooks['cpu_ms_per_task']:.3f} ms/task; switched off "
+            f"{hooks['cpu_ms_per_task']:.3f} ms/task"
+            f"{_calls_part(hooks)}; switched off "
             f"{hooks['off_cpu_ms_per_task']:.4f} ms/task in all"
         )
     if report.get("handoff"):

@@ -107,6 +107,8 @@ WORKERS = frozenset({"sqsinfer", "sqsinfer-traced"})
 # The worker's traces: off in `sqsinfer` whatever the bench's environment says (so it
 # measures the untraced worker), all of them exported in `sqsinfer-traced`.
 _UNTRACED = {"OTEL_SDK_DISABLED": "true"}
+# Taken from the bench's environment into `sqsinfer-traced`'s (else every task is sampled).
+_SAMPLER_VARIABLES = ("OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG")
 
 
 @dataclass
@@ -513,6 +515,15 @@ def _receiver(name: str) -> contextlib.AbstractContextManager[OtlpReceiver | Non
     return OtlpReceiver()
 
 
+def _trace_env(receiver: OtlpReceiver) -> dict[str, str]:
+    """The traced worker's variables: its spans to `receiver`, every task sampled, unless
+    the bench's own environment names a sampler (what a ratio saves is measured so)."""
+    chosen = {k: v for k, v in os.environ.items() if k in _SAMPLER_VARIABLES and v}
+    if "OTEL_TRACES_SAMPLER" not in chosen:
+        chosen = {}
+    return receiver.exporter_env() | chosen
+
+
 def run_scenario(ctx: Context, scenario: Scenario, s3: Any, sqs: Any) -> dict[str, Any]:
     name = scenario.name
     res = None
@@ -529,7 +540,7 @@ def run_scenario(ctx: Context, scenario: Scenario, s3: Any, sqs: Any) -> dict[st
     if ctx.profile and name in WORKERS:
         profile_path = os.path.join(ctx.work_dir, f"profile-{ctx.regime.name}-{name}.txt")
     with _receiver(name) as receiver:
-        traces = receiver.exporter_env() if receiver is not None else None
+        traces = _trace_env(receiver) if receiver is not None else None
         launched = launch(ctx, name, res, traces)
         try:
             tracker = Tracker(launched, feeder)
@@ -544,6 +555,7 @@ def run_scenario(ctx: Context, scenario: Scenario, s3: Any, sqs: Any) -> dict[st
             result["traces_exported"] = {
                 "requests": receiver.requests,
                 "bytes": receiver.received_bytes,
+                "sampler": " ".join((traces or {}).get(k, "") for k in _SAMPLER_VARIABLES).strip(),
             }
     if profile_path and os.path.exists(profile_path):
         found = profile.summarize(profile_path, launched.process.pid)

@@ -107,9 +107,9 @@ def _otlp(environ: Mapping[str, str]) -> SpanExporter:
     variable = next((v for v in _PROTOCOLS if environ.get(v)), _PROTOCOLS[1])
     protocol = environ.get(variable, "http/protobuf").strip().lower()
     if protocol == "http/protobuf":
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from sqsinfer.tracing.otlp import Exporter
 
-        return OTLPSpanExporter()
+        return Exporter()
     if protocol == "grpc":
         try:
             from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
@@ -190,25 +190,61 @@ def parent_context(message: Received) -> Context:
 
 
 # -- spans -------------------------------------------------------------------------------------
-class Steps:
-    """Records a task's steps as finished spans, handed straight to the span processors.
+class Recorder:
+    """Makes spans as the span processors receive every ended span, a `ReadableSpan`, and
+    hands each straight to them when it ends.
 
-    A step is over when it is recorded (its times are the pipeline's measurements), so
-    it needs none of a live span's machinery (sampling, locks, attribute limits): it is
-    made as the processors receive every ended span, a `ReadableSpan`, at a fraction of
-    a live span's cost. A step is recorded only under a sampled task span, whose trace
-    and sampling it shares.
+    The SDK's tracer makes a live span first (a lock, attributes checked and copied one
+    by one, a copy again when it ends), which cost the worker about 0.25 ms of a traced
+    task's 0.8. The spans here are built once, when they end, from what the pipeline
+    measured. What the
+    tracer decides is decided here the same way, with the provider's own parts: the
+    sampler (OTEL_TRACES_SAMPLER), the id generator, the resource. Attributes are not
+    truncated to OTEL_ATTRIBUTE_* limits: sqsinfer's are few and short (an S3 URI is the
+    longest).
     """
 
     def __init__(self, provider: TracerProvider, processors: Sequence[SpanProcessor]) -> None:
         self._resource = provider.resource
         self._ids = provider.id_generator
+        self._sampler = provider.sampler
         self._processors = tuple(processors)
         self._scope = InstrumentationScope("sqsinfer", __version__)
 
-    def record(
+    def start(
         self,
-        parent: SpanContext,
+        parent: Context,
+        name: str,
+        kind: SpanKind,
+        attributes: Mapping[str, Any] | None = None,
+        links: Sequence[Link] = (),
+    ) -> tuple[SpanContext, SpanContext | None]:
+        """A new span's context, sampled as the tracer would; and its parent's (None: a root)."""
+        found = trace.get_current_span(parent).get_span_context()
+        parent_context = found if found.is_valid else None
+        trace_id = found.trace_id if parent_context else self._ids.generate_trace_id()
+        decided = self._sampler.should_sample(parent, trace_id, name, kind, attributes, links)
+        sampled = decided.decision.is_sampled()  # type: ignore[no-untyped-call]
+        flags = TraceFlags.SAMPLED if sampled else TraceFlags.DEFAULT
+        if parent_context is None:
+            random = getattr(self._ids, "is_trace_id_random", bool)()
+        else:
+            random = getattr(parent_context.trace_flags, "random_trace_id", False)
+        if random:  # W3C trace context level 2, where the API knows the flag
+            flags |= getattr(TraceFlags, "RANDOM_TRACE_ID", 0)
+        context = SpanContext(
+            trace_id,
+            self._ids.generate_span_id(),
+            is_remote=False,
+            trace_flags=TraceFlags(flags),
+            trace_state=decided.trace_state,
+        )
+        return context, parent_context
+
+    def emit(
+        self,
+        context: SpanContext,
+        parent: SpanContext | None,
         name: str,
         start_ns: int,
         end_ns: int,
@@ -216,15 +252,10 @@ class Steps:
         kind: SpanKind = SpanKind.INTERNAL,
         attributes: Mapping[str, Any] | None = None,
         events: Sequence[Event] = (),
+        links: Sequence[Link] = (),
         status: Status = _UNSET,
     ) -> None:
-        context = SpanContext(
-            parent.trace_id,
-            self._ids.generate_span_id(),
-            is_remote=False,
-            trace_flags=parent.trace_flags,
-            trace_state=parent.trace_state,
-        )
+        """An ended span to every processor (only a sampled one is exported)."""
         span = ReadableSpan(
             name=name,
             context=context,
@@ -232,6 +263,7 @@ class Steps:
             resource=self._resource,
             attributes=attributes,
             events=events,
+            links=links,
             kind=kind,
             status=status,
             start_time=start_ns,
@@ -241,38 +273,108 @@ class Steps:
         for processor in self._processors:
             processor.on_end(span)
 
+    def step_context(self, parent: SpanContext) -> SpanContext:
+        """The context of a step of a sampled task: in its trace and sampling."""
+        return SpanContext(
+            parent.trace_id,
+            self._ids.generate_span_id(),
+            is_remote=False,
+            trace_flags=parent.trace_flags,
+            trace_state=parent.trace_state,
+        )
+
+    def record(
+        self, parent: SpanContext, name: str, start_ns: int, end_ns: int, **fields: Any
+    ) -> None:
+        """A step of a sampled task, over already (`fields`: what `emit` takes besides)."""
+        self.emit(self.step_context(parent), parent, name, start_ns, end_ns, **fields)
+
+    @contextlib.contextmanager
+    def timed(
+        self,
+        context: SpanContext,
+        parent: SpanContext | None,
+        name: str,
+        kind: SpanKind,
+        *,
+        attributes: Mapping[str, Any] | None,
+        links: Sequence[Link] = (),
+    ) -> Iterator[None]:
+        """The span of `context` around a call, ended (and emitted, if sampled) after it."""
+        start = time.time_ns()
+        status = _UNSET
+        try:
+            yield
+        except BaseException as exc:  # a cancel too: the step did not finish
+            status = Status(StatusCode.ERROR, type(exc).__name__)
+            raise
+        finally:
+            if context.trace_flags.sampled:
+                self.emit(
+                    context,
+                    parent,
+                    name,
+                    start,
+                    time.time_ns(),
+                    kind=kind,
+                    attributes=attributes,
+                    links=links,
+                    status=status,
+                )
+
+    def root(
+        self, name: str, kind: SpanKind, attributes: dict[str, Any], links: Sequence[Link]
+    ) -> contextlib.AbstractContextManager[None]:
+        """A span of its own trace around a call (a batch call made for several tasks)."""
+        context, _ = self.start(_ROOT, name, kind, attributes, links)
+        return self.timed(context, None, name, kind, attributes=attributes, links=links)
+
 
 class SdkTask(TaskTrace):
     """One task's span (`process <queue>`, or `create <queue>` in `sqsinfer enqueue`)."""
 
     __slots__ = (
+        "_attributes",
         "_context",
         "_end_ns",
         "_ended",
+        "_kind",
+        "_name",
         "_outgoing",
-        "_span",
+        "_parent",
+        "_recorder",
         "_start_ns",
-        "_steps",
-        "_tracer",
+        "_status",
         "recording",
     )
 
-    def __init__(self, tracer: trace.Tracer, steps: Steps, span: trace.Span, start_ns: int) -> None:
-        self._tracer = tracer
-        self._steps = steps
-        self._span = span
+    def __init__(
+        self,
+        recorder: Recorder,
+        parent: Context,
+        name: str,
+        *,
+        kind: SpanKind,
+        attributes: dict[str, Any],
+        start_ns: int,
+    ) -> None:
+        self._recorder = recorder
+        self._context, self._parent = recorder.start(parent, name, kind, attributes)
+        self._name = name
+        self._kind = kind
+        self._attributes = attributes
         self._start_ns = start_ns
         self._end_ns: int | None = None
         self._ended = False
+        self._status = _UNSET
         self._outgoing: dict[str, dict[str, str]] | None = None
-        self._context = trace.set_span_in_context(span)
-        self.recording = span.is_recording()
+        self.recording = self._context.trace_flags.sampled
 
     def phase(self, phase: str, seconds: float) -> None:
         name = _PHASE_SPANS.get(phase)
         if name is not None and self.recording:
             end = time.time_ns()
-            self._steps.record(self._span.get_span_context(), name, end - _ns(seconds), end)
+            self._recorder.record(self._context, name, end - _ns(seconds), end)
 
     def compute(self, total_s: float, child: Mapping[str, Any]) -> None:
         """`compute`: the lease of a process, with the child's steps as events where they
@@ -289,8 +391,7 @@ class SdkTask(TaskTrace):
             events.append(Event(name, {"sqsinfer.duration_s": float(child[key])}, at))
             at += _ns(float(child[key]))
         rows = {"sqsinfer.rows": int(child.get("rows", 0))}
-        parent = self._span.get_span_context()
-        self._steps.record(parent, "compute", start, end, attributes=rows, events=events)
+        self._recorder.record(self._context, "compute", start, end, attributes=rows, events=events)
 
     def step(
         self, name: str, kind: str = "internal", attributes: Mapping[str, Any] | None = None
@@ -307,27 +408,17 @@ class SdkTask(TaskTrace):
         name, attributes = _call_attributes(operation, destination, 1)
         return self._timed(name, _KINDS[kind], attributes)
 
-    @contextlib.contextmanager
     def _timed(
         self, name: str, kind: SpanKind, attributes: Mapping[str, Any] | None
-    ) -> Iterator[None]:
-        start = time.time_ns()
-        status = _UNSET
-        try:
-            yield
-        except BaseException as exc:  # a cancel too: the step did not finish
-            status = Status(StatusCode.ERROR, type(exc).__name__)
-            raise
-        finally:
-            parent = self._span.get_span_context()
-            self._steps.record(
-                parent, name, start, time.time_ns(), kind=kind, attributes=attributes, status=status
-            )
+    ) -> contextlib.AbstractContextManager[None]:
+        step = self._recorder.step_context(self._context)
+        return self._recorder.timed(step, self._context, name, kind, attributes=attributes)
 
     def outgoing(self) -> dict[str, dict[str, str]]:
         if self._outgoing is None:
             carrier: dict[str, str] = {}
-            _PROPAGATOR.inject(carrier, context=self._context)
+            context = trace.set_span_in_context(NonRecordingSpan(self._context))
+            _PROPAGATOR.inject(carrier, context=context)
             self._outgoing = {
                 name: {"DataType": "String", "StringValue": value}
                 for name, value in carrier.items()
@@ -336,78 +427,73 @@ class SdkTask(TaskTrace):
 
     def note(self, attributes: Mapping[str, str]) -> None:
         if self.recording:
-            self._span.set_attributes(attributes)
+            self._attributes.update(attributes)
 
     def child(self, name: str, attributes: Mapping[str, Any]) -> TaskTrace:
-        start = time.time_ns()
-        span = self._tracer.start_span(
-            name, self._context, SpanKind.INTERNAL, attributes, start_time=start
+        start = time.time_ns()  # first: the span ends `seconds` after it (one clock's reading)
+        parent = trace.set_span_in_context(NonRecordingSpan(self._context))
+        return SdkTask(
+            self._recorder,
+            parent,
+            name,
+            kind=SpanKind.INTERNAL,
+            attributes=dict(attributes),
+            start_ns=start,
         )
-        return SdkTask(self._tracer, self._steps, span, start)
 
     def finish_records(self, outcomes: Sequence[str], seconds: float) -> None:
         self._end_ns = self._start_ns + _ns(seconds)
         if not self.recording:
             return
         listed = [str(outcome) for outcome in outcomes]
-        self._span.set_attributes({"sqsinfer.records": len(listed), "sqsinfer.outcomes": listed})
+        self._attributes["sqsinfer.records"] = len(listed)
+        self._attributes["sqsinfer.outcomes"] = listed
         failed = sum(outcome in _FAILED for outcome in outcomes)
         if failed:
-            self._span.set_status(Status(StatusCode.ERROR, f"{failed} of {len(listed)} records"))
+            self._status = Status(StatusCode.ERROR, f"{failed} of {len(listed)} records")
 
     def finish(self, outcome: str, reason: str, seconds: float, task: Task | None) -> None:
         self._end_ns = self._start_ns + _ns(seconds)
         if not self.recording:
             return
-        found: dict[str, str] = {"sqsinfer.outcome": str(outcome)}
+        found = self._attributes
+        found["sqsinfer.outcome"] = str(outcome)
         if reason:
             found["sqsinfer.reason"] = reason
         if task is not None:
-            found |= {
-                "sqsinfer.task_id": task.task_id,
-                "sqsinfer.input": str(task.input),
-                "sqsinfer.output": str(task.output),
-            }
-        self._span.set_attributes(found)
+            found["sqsinfer.task_id"] = task.task_id
+            found["sqsinfer.input"] = str(task.input)
+            found["sqsinfer.output"] = str(task.output)
         if outcome in _FAILED:
-            self._span.set_status(Status(StatusCode.ERROR, reason or str(outcome)))
+            self._status = Status(StatusCode.ERROR, reason or str(outcome))
 
     def end(self, error: str = "") -> None:
-        if not self._ended:
-            self._ended = True
-            if error and self.recording:
-                self._span.set_status(Status(StatusCode.ERROR, error))
-            self._span.end(self._end_ns)
+        if self._ended:
+            return
+        self._ended = True
+        if not self.recording:
+            return
+        if error:
+            self._status = Status(StatusCode.ERROR, error)
+        self._recorder.emit(
+            self._context,
+            self._parent,
+            self._name,
+            self._start_ns,
+            time.time_ns() if self._end_ns is None else self._end_ns,
+            kind=self._kind,
+            attributes=self._attributes,
+            status=self._status,
+        )
 
     def exemplar(self) -> dict[str, str] | None:
-        context = self._span.get_span_context()
-        if not context.trace_flags.sampled:
+        if not self.recording:
             return None
-        return {EXEMPLAR_LABEL: format(context.trace_id, "032x")}
+        return {EXEMPLAR_LABEL: format(self._context.trace_id, "032x")}
 
     @property
     def link(self) -> Any:
-        return self._span.get_span_context() if self.recording else None
-
-
-@contextlib.contextmanager
-def _span(
-    tracer: trace.Tracer,
-    name: str,
-    context: Context,
-    kind: str,
-    attributes: Mapping[str, Any] | None,
-    *,
-    links: Sequence[Link] = (),
-) -> Iterator[None]:
-    span = tracer.start_span(name, context, _KINDS[kind], attributes, links)
-    try:
-        yield
-    except BaseException as exc:  # a cancel too: the step did not finish
-        span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
-        raise
-    finally:
-        span.end()
+        return self._context if self.recording else None
 
 
 def batch_span(
@@ -418,7 +504,7 @@ def batch_span(
     assert isinstance(first, SdkTask)
     name, attributes = _call_attributes(operation, destination, count)
     links = [Link(t.link) for t in traces]
-    return _span(first._tracer, name, _ROOT, kind, attributes, links=links)
+    return first._recorder.root(name, _KINDS[kind], attributes, links)
 
 
 def _call_attributes(operation: str, destination: str, count: int) -> tuple[str, dict[str, Any]]:
@@ -440,8 +526,7 @@ class SdkTracer(Tracer):
 
     def __init__(self, provider: TracerProvider, processors: Sequence[SpanProcessor]) -> None:
         self._provider = provider
-        self._tracer = provider.get_tracer("sqsinfer", __version__)
-        self._steps = Steps(provider, processors)
+        self._recorder = Recorder(provider, processors)
 
     @classmethod
     def from_env(
@@ -461,7 +546,6 @@ class SdkTracer(Tracer):
     def _task(self, message: Received, queue: str, clock_ns: int) -> SdkTask:
         # The span starts when the message arrived, as the task's `seconds` count (from
         # the monotonic clock, placed on the wall clock by `clock_ns`).
-        start = clock_ns + _ns(message.received_at)
         attributes: dict[str, Any] = _SYSTEM | {
             "messaging.operation.type": "process",
             "messaging.operation": "process",  # the name before semantic conventions 1.26
@@ -469,14 +553,14 @@ class SdkTracer(Tracer):
             "messaging.message.id": message.message_id,
             "sqsinfer.receive_count": message.receive_count,
         }
-        span = self._tracer.start_span(
-            f"process {queue}",
+        return SdkTask(
+            self._recorder,
             parent_context(message),
-            SpanKind.CONSUMER,
-            attributes,
-            start_time=start,
+            f"process {queue}",
+            kind=SpanKind.CONSUMER,
+            attributes=attributes,
+            start_ns=clock_ns + _ns(message.received_at),
         )
-        return SdkTask(self._tracer, self._steps, span, start)
 
     def received(self, queue_url: str, spent_s: float, messages: Sequence[Received]) -> None:
         if not messages:
@@ -491,14 +575,19 @@ class SdkTracer(Tracer):
             return
         name, attributes = _call_attributes("ReceiveMessage", queue_url, len(messages))
         attributes["messaging.batch.message_count"] = len(messages)
-        self._tracer.start_span(
-            name,
-            _ROOT,
-            SpanKind.CLIENT,
-            attributes,
-            [Link(link) for link in recorded],
-            start_time=now - _ns(spent_s),
-        ).end(now)
+        links = [Link(link) for link in recorded]
+        context, _ = self._recorder.start(_ROOT, name, SpanKind.CLIENT, attributes, links)
+        if context.trace_flags.sampled:
+            self._recorder.emit(
+                context,
+                None,
+                name,
+                now - _ns(spent_s),
+                now,
+                kind=SpanKind.CLIENT,
+                attributes=attributes,
+                links=links,
+            )
 
     def produce(self, queue_url: str, task_id: str) -> TaskTrace:
         queue = queue_name(queue_url)
@@ -508,11 +597,14 @@ class SdkTracer(Tracer):
             "messaging.destination.name": queue,
             "sqsinfer.task_id": task_id,
         }
-        start = time.time_ns()
-        span = self._tracer.start_span(
-            f"create {queue}", _ROOT, SpanKind.PRODUCER, attributes, start_time=start
+        return SdkTask(
+            self._recorder,
+            _ROOT,
+            f"create {queue}",
+            kind=SpanKind.PRODUCER,
+            attributes=attributes,
+            start_ns=time.time_ns(),
         )
-        return SdkTask(self._tracer, self._steps, span, start)
 
     def shutdown(self, timeout_s: float) -> bool:
         """Flush and stop in a thread of its own, waited for `timeout_s`: an exporter stuck on
