@@ -453,3 +453,24 @@ async def test_a_lost_batch_answer_counts_a_possible_duplicate_for_each_link_in_
     name = "sqsinfer_chain_duplicates_total"
     assert sample(metrics, name, kind="possible") == 2
     assert all(_marker(stage, t)["state"] == "sent" for t in ("x", "y"))
+
+
+async def test_a_committed_tasks_link_costs_two_marker_puts_and_no_head(
+    stage: Stage, make_settings
+):
+    """What S3 bills a chained task delivered once: its input's GET, its output's PUT,
+    and the marker's two PUTs (the intent, then "sent"). No HEAD: the writer of the
+    output creates the intent without looking (no other delivery can have claimed a
+    link before its output existed)."""
+    tasks = [f"cost-{n}" for n in range(3)]
+    for task in tasks:
+        stage.send({"task_id": task, "input": _input(stage, f"{task}.npy")})
+    async with fault_proxy(stage, FaultPlan()) as proxy:
+        settings = _scripted(make_settings, stage, endpoint_url=proxy.url)
+        async with running(settings) as worker:
+            await eventually(lambda: outcome_count(worker, "committed") == len(tasks))
+    calls = {op: proxy.seen[op] for op in ("GetObject", "PutObject", "HeadObject")}
+    n = len(tasks)
+    assert calls == {"GetObject": n, "PutObject": 3 * n, "HeadObject": 0}
+    assert sorted(_next_inputs(stage)) == [f"s3://{stage.bucket}/out/{t}.npy" for t in tasks]
+    assert all(_marker(stage, t)["state"] == "sent" for t in tasks)

@@ -176,15 +176,25 @@ class Linker:
             self.dead.add(delivery_id)
 
     async def claim(
-        self, delivery: Delivery, output: S3Uri, on_waiting: Callable[[], None]
+        self,
+        delivery: Delivery,
+        output: S3Uri,
+        on_waiting: Callable[[], None],
+        *,
+        wrote: bool = False,
     ) -> Claim | None:
         """Own the link of `output`, or None once it is recorded as sent.
 
         While another delivery owns a fresh intent this waits (calling `on_waiting`
         first), looking again now and then, until that one records its send or its
         intent is old enough to take over. Cancelling it at any point is harmless.
+
+        `wrote`: this delivery's conditional put of the output stood. No other delivery
+        can have claimed the link of an output that did not exist, so the intent is
+        created without a look first (its create fails only on a marker left by an
+        earlier life of the output, which is then read as any other).
         """
-        return await self._claim(marker_uri(output), delivery, on_waiting)
+        return await self._claim(marker_uri(output), delivery, on_waiting, wrote)
 
     async def hand_on(self, delivery: Delivery, task: Task, claim: Claim) -> None:
         """Send the next stage's message for an owned link and record it as sent.
@@ -197,11 +207,11 @@ class Linker:
 
     # -- owning the link --------------------------------------------------------------
     async def _claim(
-        self, uri: S3Uri, delivery: Delivery, on_waiting: Callable[[], None]
+        self, uri: S3Uri, delivery: Delivery, on_waiting: Callable[[], None], wrote: bool
     ) -> Claim | None:
         # Owning from the first write on: a write whose answer is lost may have landed.
         self._owning.add(delivery.delivery_id)
-        marker = await self._read(uri)
+        marker = None if wrote else await self._read(uri)
         checks = lost = 0
         taking: Marker | None = None  # the intent this delivery last tried to take over
         while lost < _MAX_LOST_WRITES:

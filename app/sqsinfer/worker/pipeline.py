@@ -576,7 +576,7 @@ class Pipeline:
             held.step = Step.LINK_WAIT
 
         with Timer(held, self.metrics, Phase.CHAIN):
-            claim = await self.linker.claim(delivery, task.output, waiting)
+            claim = await self.linker.claim(delivery, task.output, waiting, wrote=held.wrote)
             if claim is None:
                 return
             held.step = Step.LINKING
