@@ -558,7 +558,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--marker-updates-only",
         action="store_true",
-        help="fail only the marker's If-Match rewrites (its 'sent' record), not its creation",
+        help="fail only the marker's If-Match rewrites (a taken-over intent's 'sent' "
+        "record), not its creation (a writer's 'sent' record)",
     )
     p.add_argument(
         "--visibility-delay-calls",
