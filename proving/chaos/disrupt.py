@@ -96,11 +96,11 @@ def start_proxy(
         str(config.send_reset),
         "--send-reset-queue",
         queue_name(queues["stage2"]),
-        # Bursts on the "sent" record from just past the SDK's attempts (the worker's
-        # own retries recover) to past the worker's too (the link is taken over later).
+        # Bursts on the marker's first write (a writer's "sent" record, or a takeover's
+        # intent) from just past the SDK's attempts (the worker's own retries recover) to
+        # past the worker's too (the link is taken over later).
         "--marker-failures",
         str(config.marker_failures),
-        "--marker-updates-only",
         "--marker-burst",
         str(SDK_ATTEMPTS),
         "--marker-burst-max",

@@ -40,6 +40,7 @@ from sqsinfer.limits import (
     SQS_BATCH_MAX,
     SQS_BATCH_MAX_BYTES,
     SQS_DEFAULT_MAX_MESSAGE_BYTES,
+    SQS_FIFO_SUFFIX,
     SQS_MAX_ATTRIBUTES,
 )
 from sqsinfer.logs import Event
@@ -74,6 +75,21 @@ _DETAIL_OVERHEAD = len(DETAIL_ATTR) + len("String")
 _TRACE_ATTRS = frozenset({TRACEPARENT, TRACESTATE})
 GROUP_ID_ATTR = "MessageGroupId"  # the system attribute, and the send field, of the same name
 _SYSTEM_ATTRS = ["ApproximateReceiveCount", AWS_TRACE_HEADER, GROUP_ID_ATTR]
+
+
+def is_fifo(url: str) -> bool:
+    """Whether the queue at `url` is a FIFO queue: SQS requires its name to end in
+    `.fifo` and refuses that suffix on any other, so the URL alone tells (no call)."""
+    return url.rstrip("/").endswith(SQS_FIFO_SUFFIX)
+
+
+@dataclass(frozen=True)
+class FifoIds:
+    """What a send to a FIFO queue must carry: the message's group (its order) and its
+    deduplication id (a second send with it within SQS's window is dropped)."""
+
+    group_id: str
+    deduplication_id: str
 
 
 @dataclass(eq=False)
@@ -258,6 +274,7 @@ class SqsQueue:
     def __init__(self, client: Any, url: str) -> None:
         self.client = client
         self.url = url
+        self.fifo = is_fifo(url)
         self._deletes = Batcher("delete", self._delete_batch, destination=url)
         self._visibility = Batcher("visibility", self._visibility_batch, destination=url)
         # Extension calls in flight, by message (given up on or not): a visibility settle
@@ -579,21 +596,48 @@ class Sender:
     def __init__(self, client: Any, url: str) -> None:
         self.client = client
         self.url = url
+        self.fifo = is_fifo(url)  # its sends need `FifoIds`
 
-    async def send(self, body: str | bytes, attributes: dict[str, Any] | None = None) -> str:
-        """Send one message; its MessageId."""
+    async def send(
+        self,
+        body: str | bytes,
+        attributes: dict[str, Any] | None = None,
+        fifo: FifoIds | None = None,
+    ) -> str:
+        """Send one message; its MessageId. `fifo`: its ids, required by a FIFO queue."""
         with tracing.current().call("SendMessage", self.url, "producer"):
             response = await self.client.send_message(
-                QueueUrl=self.url, **send_entry(body, attributes)
+                QueueUrl=self.url, **_sent(body, attributes, self._ids(fifo))
             )
         return str(response["MessageId"])
+
+    def _ids(self, fifo: FifoIds | None) -> FifoIds | None:
+        """The ids a send carries: a FIFO queue's own, none to a standard queue (which
+        refuses a deduplication id)."""
+        if not self.fifo:
+            return None
+        if fifo is None:
+            raise ValueError(f"a send to the FIFO queue {self.url} needs a group and a dedup id")
+        return fifo
 
     async def drain(self) -> None:
         """Wait for sends gathered but not yet made (none here: each send is its own call)."""
 
 
+def _sent(
+    body: str | bytes, attributes: dict[str, Any] | None, fifo: FifoIds | None
+) -> dict[str, Any]:
+    """A send's entry: with a FIFO queue's ids when it has them."""
+    if fifo is None:
+        return send_entry(body, attributes)
+    return send_entry(body, attributes, fifo.group_id, fifo.deduplication_id)
+
+
 def send_entry(
-    body: str | bytes, attributes: dict[str, Any] | None = None, group_id: str = ""
+    body: str | bytes,
+    attributes: dict[str, Any] | None = None,
+    group_id: str = "",
+    deduplication_id: str = "",
 ) -> dict[str, Any]:
     """A message's fields as SendMessage and a SendMessageBatch entry both take them. A
     group id on a standard queue makes it a fair queue: each group is served in turn,
@@ -603,6 +647,8 @@ def send_entry(
         entry["MessageAttributes"] = attributes
     if group_id:
         entry[GROUP_ID_ATTR] = group_id
+    if deduplication_id:  # a FIFO queue's (a standard queue refuses one)
+        entry["MessageDeduplicationId"] = deduplication_id
     return entry
 
 
@@ -641,8 +687,13 @@ class BatchSender(Sender):
             destination=url,
         )
 
-    async def send(self, body: str | bytes, attributes: dict[str, Any] | None = None) -> str:
-        return await self._batcher.submit(send_entry(body, attributes))
+    async def send(
+        self,
+        body: str | bytes,
+        attributes: dict[str, Any] | None = None,
+        fifo: FifoIds | None = None,
+    ) -> str:
+        return await self._batcher.submit(_sent(body, attributes, self._ids(fifo)))
 
     async def drain(self) -> None:
         await self._batcher.drain()
