@@ -299,13 +299,18 @@ def summarize(
             "worker_process_cpu_ms_per_task": round(own_s / tasks * 1000, 3),
             **calls_per_task(calls, tasks),
         }
+    emulator_s, bench_s = last.moto_s - first.moto_s, last.bench_s - first.bench_s
+    all_s = sum(probe.cpu_delta(first.trees[n], last.trees[n]) for n in run.trackers)
+    all_s += emulator_s + bench_s
     return {
         "tasks": tasks,
         "window_s": round(window_s, 3),
+        # Every CPU the batch took, trees, stand-in and bench: what the machine paid.
+        "all_cpu_ms_per_task": round(all_s / tasks * 1000, 3),
         "tasks_per_s": round(tasks / window_s, 3) if window_s > 0 else 0.0,
         "stages": stages,
-        "emulator_cpu_ms_per_task": round((last.moto_s - first.moto_s) / tasks * 1000, 3),
-        "bench_cpu_ms_per_task": round((last.bench_s - first.bench_s) / tasks * 1000, 3),
+        "emulator_cpu_ms_per_task": round(emulator_s / tasks * 1000, 3),
+        "bench_cpu_ms_per_task": round(bench_s / tasks * 1000, 3),
         "usd_per_million_tasks": round(sum(s["usd_per_million_tasks"] for s in stages.values()), 4),
     }
 
@@ -374,6 +379,7 @@ def combine(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "tasks_per_s": median_and_range([r["tasks_per_s"] for r in ok]),
         "usd_per_million_tasks": median_and_range([r["usd_per_million_tasks"] for r in ok]),
         "emulator_cpu_ms_per_task": median_and_range([r["emulator_cpu_ms_per_task"] for r in ok]),
+        "all_cpu_ms_per_task": median_and_range([r["all_cpu_ms_per_task"] for r in ok]),
         "stages": {},
         "runs": runs,
     }
@@ -395,7 +401,8 @@ def combine(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def chain_costs(per_run: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
     """Within each run, what the chain adds to stage 1 over the unchained baseline (CPU
-    and calls per task); the median of the runs and the range."""
+    and calls per task), and its end-to-end tasks/s as a share of stage 1's alone; the
+    median of the runs and the range."""
     gaps: dict[str, dict[str, list[float]]] = {}
     for variants in per_run:
         base = variants.get("unchained")
@@ -404,8 +411,12 @@ def chain_costs(per_run: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
             if not base or not chained or "error" in base or "error" in chained:
                 continue
             one, other = chained["stages"]["stage1"], base["stages"]["stage1"]
+            found = gaps.setdefault(name, {})
             for key in ("cpu_ms_per_task", "worker_process_cpu_ms_per_task", "s3_calls_per_task"):
-                gaps.setdefault(name, {}).setdefault(key, []).append(one[key] - other[key])
+                found.setdefault(key, []).append(one[key] - other[key])
+            if base["tasks_per_s"]:  # end to end through two stages, against stage 1 alone
+                ratio = chained["tasks_per_s"] / base["tasks_per_s"]
+                found.setdefault("tasks_per_s_ratio", []).append(ratio)
     return {
         name: {key: median_and_range(values) for key, values in keys.items()}
         for name, keys in gaps.items()
@@ -537,6 +548,16 @@ def table(built: dict[str, Any]) -> str:
             f"the chain ({name} next queue) adds to stage 1, per task: tree CPU "
             f"{_mr(gaps.get('cpu_ms_per_task'))} ms, the worker's process "
             f"{_mr(gaps.get('worker_process_cpu_ms_per_task'))} ms, S3 calls "
-            f"{_mr(gaps.get('s3_calls_per_task'))}"
+            f"{_mr(gaps.get('s3_calls_per_task'))}; end-to-end tasks/s "
+            f"{_mr(gaps.get('tasks_per_s_ratio'))} of stage 1's alone"
         )
+    lines.append(
+        "all CPU per task (trees, stand-in, bench): "
+        + ", ".join(
+            f"{variant} {_mr(found.get('all_cpu_ms_per_task'), '.1f')} ms "
+            f"(stand-in {_mr(found.get('emulator_cpu_ms_per_task'), '.1f')})"
+            for variant, found in built["variants"].items()
+            if "error" not in found
+        )
+    )
     return "\n".join(lines)
