@@ -146,16 +146,26 @@ class Stage:
             got += batch
 
 
-def make_stage(endpoint: str, region: str = standin.REGION) -> Stage:
+def make_stage(
+    endpoint: str,
+    region: str = standin.REGION,
+    *,
+    fifo_input: bool = False,
+    fifo_next: bool = False,
+) -> Stage:
     """A fresh bucket and two queue pairs (this stage's, the next one's) at `endpoint`, in
-    `region` (the stand-in keeps queues per region)."""
+    `region` (the stand-in keeps queues per region); either pair FIFO queues if asked."""
     s3, sqs = standin.clients(endpoint, region)
     name = lab_stage.create_bucket(s3, "t" + uuid.uuid4().hex[:10])
     this, after = (
         lab_stage.create_queue(
-            sqs, queue, max_receive_count=MAX_RECEIVE_COUNT, attributes={"VisibilityTimeout": "30"}
+            sqs,
+            queue,
+            max_receive_count=MAX_RECEIVE_COUNT,
+            attributes={"VisibilityTimeout": "30"},
+            fifo=fifo,
         )
-        for queue in (name, name + "-next")
+        for queue, fifo in ((name, fifo_input), (name + "-next", fifo_next))
     )
     return Stage(endpoint, s3, sqs, name, this.url, this.dlq_url, after.url, after.dlq_url)
 

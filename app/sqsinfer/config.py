@@ -22,7 +22,12 @@ from typing import Any
 
 from sqsinfer import events
 from sqsinfer.compute import formats, handlers
-from sqsinfer.limits import SQS_DEFAULT_MAX_MESSAGE_BYTES, SQS_MAX_VISIBILITY_S, SQS_MAX_WAIT_S
+from sqsinfer.limits import (
+    SQS_DEDUPLICATION_WINDOW_S,
+    SQS_DEFAULT_MAX_MESSAGE_BYTES,
+    SQS_MAX_VISIBILITY_S,
+    SQS_MAX_WAIT_S,
+)
 from sqsinfer.lineage import MAX_HANDLER_NAME_BYTES, MAX_WORKER_ID_BYTES
 from sqsinfer.messages import (
     S3Uri,
@@ -200,6 +205,13 @@ class Settings:
         30.0,
         "a delivery that finds another's chain intent waits this long, then takes the link "
         "over; with task_time_s, below max_task_time_s",
+        float,
+    )
+    chain_dedup_window_s: float = _opt(
+        240.0,
+        "on a FIFO next stage: a link sent within this long of its output's write counts on "
+        "SQS's deduplication (300 s; the rest is the send's margin); later ones count as "
+        "possible duplicates",
         float,
     )
     max_message_bytes: int = _opt(
@@ -490,6 +502,11 @@ def _check_filled(prefix: S3Uri, name: str, model_version: str) -> None:
 
 def _check_chain_settle(s: Settings) -> None:
     _require(s.chain_settle_s > 0, "chain_settle_s", "must be above 0")
+    _require(
+        0 <= s.chain_dedup_window_s < SQS_DEDUPLICATION_WINDOW_S,
+        "chain_dedup_window_s",
+        f"must be at least 0 and below SQS's deduplication window ({SQS_DEDUPLICATION_WINDOW_S} s)",
+    )
     if not s.next_queue_url:
         return  # nothing is chained: the settle is never waited
     # A delivery may compute for task_time_s and then wait out a whole settle, holding

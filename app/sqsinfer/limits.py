@@ -21,6 +21,13 @@ SQS_MAX_ATTRIBUTES = 10
 SQS_MAX_VISIBILITY_S = 43_200
 # ... and the longest long poll of one ReceiveMessage call.
 SQS_MAX_WAIT_S = 20
+# A FIFO queue's name ends in this; SQS refuses the suffix on a standard queue.
+SQS_FIFO_SUFFIX = ".fifo"
+# How long a FIFO queue drops a send whose MessageDeduplicationId it accepted before,
+# counted from that first send (it answers each later one as if sent).
+SQS_DEDUPLICATION_WINDOW_S = 300
+# The longest MessageGroupId and MessageDeduplicationId (ASCII letters, digits, punctuation).
+SQS_MAX_FIFO_ID_CHARS = 128
 
 # -- S3 -------------------------------------------------------------------------------------
 # An object key, in bytes of UTF-8.

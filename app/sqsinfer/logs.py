@@ -55,6 +55,7 @@ class Event(StrEnum):
     TASK_FINISHED = "task finished"
     OUTPUT_OF_ANOTHER_MODEL = "output written by another model"
     EVENT_IGNORED = "event ignored"
+    GROUP_HANDED_BACK = "handed back unstarted: the one before it in its group went back"
     # the link to the next stage
     CHAIN_LINK_TAKEN_OVER = "chain link taken over"
     NEXT_STAGE_SEND_FAILED = "next stage send failed"

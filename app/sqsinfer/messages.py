@@ -6,6 +6,7 @@ be tested (and fuzzed) without a queue.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Mapping
@@ -16,7 +17,7 @@ import orjson
 
 from sqsinfer.compute import formats
 from sqsinfer.compute.errors import InputError
-from sqsinfer.limits import S3_MAX_KEY_BYTES, SQS_DEFAULT_MAX_MESSAGE_BYTES
+from sqsinfer.limits import S3_MAX_KEY_BYTES, SQS_DEFAULT_MAX_MESSAGE_BYTES, SQS_MAX_FIFO_ID_CHARS
 
 # Every pattern here validates a whole value: always `fullmatch`, never `match` with `$`
 # (which also matches before a final newline).
@@ -37,6 +38,8 @@ _NOT_XML_RE = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]
 # once at start from the worker's model, so that a new model's outputs sit beside the
 # old one's instead of meeting them as duplicates.
 PLACEHOLDERS: tuple[str, ...] = ("model_sha256_12", "model_version")
+# A task's `group`: what SQS takes as a MessageGroupId (letters, digits, punctuation).
+_GROUP_RE = re.compile(r"[!-~]{1,%d}" % SQS_MAX_FIFO_ID_CHARS)  # noqa: UP031 (regex braces)
 _PLACEHOLDER_RE = re.compile(r"\{([^{}/]*)\}")
 
 
@@ -180,6 +183,8 @@ class Task:
     # exactly that one), and whether the output must record and match its input.
     input_version: str | None = None
     from_event: bool = False
+    # The message's `group`: its MessageGroupId on a FIFO next stage (None: the task id).
+    group: str | None = None
 
 
 @dataclass(frozen=True)
@@ -308,7 +313,36 @@ def task_from_document(doc: dict[str, Any], rules: MessageRules) -> Task:
     params = doc.get("params", {})
     if not isinstance(params, dict):
         raise InputError("invalid_field", "params must be a JSON object")
-    return build_task(task_id, source, target, params, rules)
+    return build_task(task_id, source, target, params, rules, group=_group(doc))
+
+
+def _group(doc: dict[str, Any]) -> str | None:
+    group = doc.get("group")
+    if group is None:
+        return None
+    if not isinstance(group, str) or _GROUP_RE.fullmatch(group) is None:
+        raise InputError(
+            "invalid_field",
+            f"group must be 1-{SQS_MAX_FIFO_ID_CHARS} ASCII letters, digits or punctuation",
+        )
+    return group
+
+
+def message_group(task_id: str, group: str | None = None) -> str:
+    """The MessageGroupId of a task's message on a FIFO queue: its `group`, else its
+    task id (a task id longer than SQS allows is replaced by its digest)."""
+    if group is not None:
+        return group
+    if len(task_id) <= SQS_MAX_FIFO_ID_CHARS:
+        return task_id
+    return "sha256-" + deduplication_id(task_id)
+
+
+def deduplication_id(text: str) -> str:
+    """A MessageDeduplicationId for what `text` names: its sha256, in hex. The link of an
+    output is named by the output's URI, so every delivery of its task sends the same id
+    and a FIFO queue drops all but the first in its window."""
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def allowed_prefix(source: S3Uri, rules: MessageRules) -> S3Uri:
@@ -376,5 +410,7 @@ def next_stage_body(task: Task) -> bytes:
     chose this stage's input columns, and the next stage reads this stage's output.
     """
     params = {k: v for k, v in task.params.items() if k != "columns"}
-    doc = {"task_id": task.task_id, "input": str(task.output), "params": params}
+    doc: dict[str, Any] = {"task_id": task.task_id, "input": str(task.output), "params": params}
+    if task.group is not None:  # the next stage keeps the task's order group
+        doc["group"] = task.group
     return json.dumps(doc, ensure_ascii=True, separators=(",", ":")).encode("ascii")

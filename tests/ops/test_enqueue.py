@@ -25,7 +25,7 @@ from sqsinfer.ops.enqueue import (
     in_thread,
 )
 from sqsinfer.ops.manifest import BadLine, Entry, KeyPattern, Validator, read_csv, read_jsonl
-from tests.conftest import Stage
+from tests.conftest import Stage, make_stage
 
 BUCKET = "bkt"
 
@@ -368,3 +368,20 @@ def test_skip_done_looks_for_the_given_models_outputs_under_a_per_model_prefix(
     assert cli.main([*argv, "--model-sha256", sha, "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert (summary["sent"], summary["skipped_done"]) == (3, 1)
+
+
+def test_to_a_fifo_queue_each_task_has_its_group_and_a_second_run_adds_nothing(
+    moto, tmp_path, capsys
+):
+    """A task's `group` (else its id) is its MessageGroupId; its output key's digest is its
+    deduplication id, so the same manifest sent twice within 5 minutes is queued once."""
+    stage = make_stage(moto.url, fifo_input=True)
+    b = stage.bucket
+    lines = [json.dumps({"task_id": "f1", "input": f"s3://{b}/in/1.npy", "group": "user-1"})]
+    lines += [json.dumps({"task_id": "f2", "input": f"s3://{b}/in/2.npy"})]
+    path = _write(tmp_path / "tasks.jsonl", lines)
+    assert cli.main(_args(stage, path)) == 0
+    assert cli.main(_args(stage, path)) == 0
+    got = stage.drain_queue(stage.queue_url)
+    groups = {json.loads(m["Body"])["task_id"]: m["Attributes"]["MessageGroupId"] for m in got}
+    assert groups == {"f1": "user-1", "f2": "f2"}

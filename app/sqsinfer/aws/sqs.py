@@ -39,6 +39,7 @@ from sqsinfer.limits import (
     SQS_BATCH_MAX,
     SQS_BATCH_MAX_BYTES,
     SQS_DEFAULT_MAX_MESSAGE_BYTES,
+    SQS_FIFO_SUFFIX,
     SQS_MAX_ATTRIBUTES,
 )
 from sqsinfer.logs import Event
@@ -68,6 +69,23 @@ _DETAIL_MAX_CHARS = 1000
 _DETAIL_MIN_CHARS = 100
 _DETAIL_OVERHEAD = len(DETAIL_ATTR) + len("String")
 _TRACE_ATTRS = frozenset({TRACEPARENT, TRACESTATE})
+# The system attribute that names a FIFO message's group (absent on a standard queue).
+GROUP_ATTR = "MessageGroupId"
+
+
+def is_fifo(url: str) -> bool:
+    """Whether the queue at `url` is a FIFO queue: SQS requires its name to end in
+    `.fifo` and refuses that suffix on any other, so the URL alone tells (no call)."""
+    return url.rstrip("/").endswith(SQS_FIFO_SUFFIX)
+
+
+@dataclass(frozen=True)
+class FifoIds:
+    """What a send to a FIFO queue must carry: the message's group (its order) and its
+    deduplication id (a second send with it within SQS's window is dropped)."""
+
+    group_id: str
+    deduplication_id: str
 
 
 @dataclass(eq=False)
@@ -79,6 +97,7 @@ class Message:
     attributes: dict[str, Any] = field(default_factory=dict)
     received_at: float = field(default_factory=time.monotonic)
     trace_header: str = ""  # the AWSTraceHeader system attribute (X-Ray), if the producer set one
+    group_id: str = ""  # its MessageGroupId on a FIFO queue ("" on a standard one)
     # Set when its delete or hand-back is asked for: it is extended no more.
     settled: bool = field(default=False, init=False)
     # Its task's trace, once the worker started one (the batch calls of its message link to it).
@@ -94,6 +113,7 @@ class Message:
             receive_count=int(system.get("ApproximateReceiveCount", 1)),
             attributes=raw.get("MessageAttributes", {}) or {},
             trace_header=str(system.get(AWS_TRACE_HEADER, "")),
+            group_id=str(system.get(GROUP_ATTR, "")),
         )
 
 
@@ -245,6 +265,7 @@ class SqsQueue:
     def __init__(self, client: Any, url: str) -> None:
         self.client = client
         self.url = url
+        self.fifo = is_fifo(url)
         self._deletes = Batcher("delete", self._delete_batch, destination=url)
         self._visibility = Batcher("visibility", self._visibility_batch, destination=url)
         # Extension calls in flight, by message (given up on or not): a visibility settle
@@ -254,17 +275,18 @@ class SqsQueue:
         self._hurry = asyncio.Event()  # set at shutdown: settles wait for nothing more
 
     async def receive(self, max_messages: int, wait_s: int, visibility_s: int) -> list[Message]:
+        # The count, and X-Ray's trace header (the parent of a task's trace when the
+        # producer set no `traceparent`); on a FIFO queue, each message's group.
+        system = ["ApproximateReceiveCount", AWS_TRACE_HEADER] + ([GROUP_ATTR] if self.fifo else [])
         response = await self.client.receive_message(
             QueueUrl=self.url,
             MaxNumberOfMessages=max(1, min(max_messages, SQS_BATCH_MAX)),
             WaitTimeSeconds=wait_s,
             VisibilityTimeout=visibility_s,
-            # The count, and X-Ray's trace header (the parent of a task's trace when the
-            # producer set no `traceparent`).
-            MessageSystemAttributeNames=["ApproximateReceiveCount", AWS_TRACE_HEADER],
+            MessageSystemAttributeNames=system,
             # The older name of the same list, for services that know only it (older moto,
             # some emulators): without the count, every delivery looks like a first.
-            AttributeNames=["ApproximateReceiveCount", AWS_TRACE_HEADER],
+            AttributeNames=system,
             MessageAttributeNames=["All"],
         )
         return [Message.from_sqs(raw) for raw in response.get("Messages", [])]
@@ -561,22 +583,43 @@ class Sender:
     def __init__(self, client: Any, url: str) -> None:
         self.client = client
         self.url = url
+        self.fifo = is_fifo(url)  # its sends need `FifoIds`
 
-    async def send(self, body: str | bytes, attributes: dict[str, Any] | None = None) -> str:
-        """Send one message; its MessageId."""
+    async def send(
+        self,
+        body: str | bytes,
+        attributes: dict[str, Any] | None = None,
+        fifo: FifoIds | None = None,
+    ) -> str:
+        """Send one message; its MessageId. `fifo`: its ids, required by a FIFO queue."""
+        entry = _entry(body, attributes, self._ids(fifo))
         with tracing.current().call("SendMessage", self.url, "producer"):
-            response = await self.client.send_message(QueueUrl=self.url, **_entry(body, attributes))
+            response = await self.client.send_message(QueueUrl=self.url, **entry)
         return str(response["MessageId"])
+
+    def _ids(self, fifo: FifoIds | None) -> FifoIds | None:
+        """The ids a send carries: a FIFO queue's own, none to a standard queue (which
+        refuses a deduplication id)."""
+        if not self.fifo:
+            return None
+        if fifo is None:
+            raise ValueError(f"a send to the FIFO queue {self.url} needs a group and a dedup id")
+        return fifo
 
     async def drain(self) -> None:
         """Wait for sends gathered but not yet made (none here: each send is its own call)."""
 
 
-def _entry(body: str | bytes, attributes: dict[str, Any] | None) -> dict[str, Any]:
+def _entry(
+    body: str | bytes, attributes: dict[str, Any] | None, fifo: FifoIds | None = None
+) -> dict[str, Any]:
     """A message's fields as SendMessage and a SendMessageBatch entry both take them."""
     entry: dict[str, Any] = {"MessageBody": body.decode() if isinstance(body, bytes) else body}
     if attributes:
         entry["MessageAttributes"] = attributes
+    if fifo is not None:
+        entry["MessageGroupId"] = fifo.group_id
+        entry["MessageDeduplicationId"] = fifo.deduplication_id
     return entry
 
 
@@ -615,8 +658,13 @@ class BatchSender(Sender):
             destination=url,
         )
 
-    async def send(self, body: str | bytes, attributes: dict[str, Any] | None = None) -> str:
-        return await self._batcher.submit(_entry(body, attributes))
+    async def send(
+        self,
+        body: str | bytes,
+        attributes: dict[str, Any] | None = None,
+        fifo: FifoIds | None = None,
+    ) -> str:
+        return await self._batcher.submit(_entry(body, attributes, self._ids(fifo)))
 
     async def drain(self) -> None:
         await self._batcher.drain()

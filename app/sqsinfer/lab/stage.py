@@ -26,6 +26,7 @@ import orjson
 
 from sqsinfer.aws.sqs import REASON_ATTR
 from sqsinfer.lab import standin, synthetic
+from sqsinfer.limits import SQS_FIFO_SUFFIX
 
 if TYPE_CHECKING:  # imported where used: the CLI builds this wing's parsers everywhere
     import psutil
@@ -56,25 +57,31 @@ def create_queue(
     *,
     max_receive_count: int = MAX_RECEIVE_COUNT,
     attributes: Mapping[str, str] | None = None,
+    fifo: bool = False,
 ) -> QueuePair:
-    """A queue `name` and its dead-letter queue `name-dlq`, tied by a redrive policy."""
-    dlq = sqs.create_queue(QueueName=f"{name}-dlq")["QueueUrl"]
+    """A queue `name` and its dead-letter queue `name-dlq`, tied by a redrive policy;
+    with `fifo`, both FIFO queues (`name.fifo`, `name-dlq.fifo`: a FIFO queue's DLQ must be
+    one too)."""
+    suffix, kind = (SQS_FIFO_SUFFIX, {"FifoQueue": "true"}) if fifo else ("", {})
+    dlq = sqs.create_queue(QueueName=f"{name}-dlq{suffix}", Attributes=kind)["QueueUrl"]
     arn = sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueArn"])["Attributes"]
     policy = {"deadLetterTargetArn": arn["QueueArn"], "maxReceiveCount": str(max_receive_count)}
     url = sqs.create_queue(
-        QueueName=name,
-        Attributes={"RedrivePolicy": json.dumps(policy), **(attributes or {})},
+        QueueName=name + suffix,
+        Attributes={"RedrivePolicy": json.dumps(policy), **kind, **(attributes or {})},
     )["QueueUrl"]
     return QueuePair(url, dlq)
 
 
 def create_chain(
-    sqs: Any, prefix: str, max_receive_count: int = MAX_RECEIVE_COUNT
+    sqs: Any, prefix: str, max_receive_count: int = MAX_RECEIVE_COUNT, *, fifo_stage2: bool = False
 ) -> dict[str, str]:
-    """Two stages' queues: `stage1`, `stage1-dlq`, `stage2`, `stage2-dlq` → URL."""
+    """Two stages' queues: `stage1`, `stage1-dlq`, `stage2`, `stage2-dlq` → URL; stage 2's
+    FIFO queues with `fifo_stage2`."""
     urls = {}
     for name in ("stage1", "stage2"):
-        pair = create_queue(sqs, f"{prefix}-{name}", max_receive_count=max_receive_count)
+        fifo = fifo_stage2 and name == "stage2"
+        pair = create_queue(sqs, f"{prefix}-{name}", max_receive_count=max_receive_count, fifo=fifo)
         urls[name], urls[f"{name}-dlq"] = pair.url, pair.dlq_url
     return urls
 

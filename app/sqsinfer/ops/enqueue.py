@@ -32,10 +32,17 @@ from botocore.exceptions import BotoCoreError, ClientError
 from sqsinfer import backoff, tracing
 from sqsinfer.aws.s3 import Storage
 from sqsinfer.aws.session import error_code, http_status
-from sqsinfer.aws.sqs import message_size
+from sqsinfer.aws.sqs import is_fifo, message_size
 from sqsinfer.limits import SQS_BATCH_MAX, SQS_BATCH_MAX_BYTES
 from sqsinfer.logs import Event
-from sqsinfer.messages import S3Uri, filled_uri, has_placeholders, placeholder_values
+from sqsinfer.messages import (
+    S3Uri,
+    deduplication_id,
+    filled_uri,
+    has_placeholders,
+    message_group,
+    placeholder_values,
+)
 from sqsinfer.ops import common
 from sqsinfer.ops.manifest import (
     MANIFEST_FORMATS,
@@ -292,7 +299,8 @@ class Enqueuer:
 
     async def _attempt(self, entries: list[Entry]) -> list[tuple[Entry, str]]:
         """One SendMessageBatch; returns the entries worth another attempt."""
-        request = [_request(str(i), e) for i, e in enumerate(entries)]
+        fifo = is_fifo(self.options.queue_url)
+        request = [_request(str(i), e, fifo) for i, e in enumerate(entries)]
         traces = [e.trace for e in entries]
         try:
             with tracing.batch("SendMessageBatch", self.options.queue_url, traces, "producer"):
@@ -332,12 +340,18 @@ class Enqueuer:
         self.progress.advance(1, entry.size_bytes)
 
 
-def _request(entry_id: str, entry: Entry) -> dict[str, Any]:
-    """One SendMessageBatch entry: the body, and the task's trace context when traced."""
+def _request(entry_id: str, entry: Entry, fifo: bool = False) -> dict[str, Any]:
+    """One SendMessageBatch entry: the body, and the task's trace context when traced. To
+    a FIFO queue, its group (the task's `group`, else its id) and a deduplication id from
+    its output key: a re-run within SQS's 5 minutes adds no second message."""
     request: dict[str, Any] = {"Id": entry_id, "MessageBody": entry.body}
     attributes = entry.trace.outgoing()
     if attributes:
         request["MessageAttributes"] = attributes
+    if fifo:
+        task = entry.task
+        request["MessageGroupId"] = message_group(task.task_id, task.group)
+        request["MessageDeduplicationId"] = deduplication_id(str(task.output))
     return request
 
 

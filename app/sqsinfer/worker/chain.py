@@ -29,6 +29,15 @@ A certain duplicate was counted as possible by the delivery that took it over to
 `possible` alone bounds the extra messages from above, and `certain` from below.
 
 A marker without a `chain-state` (written before these steps existed) reads as sent.
+
+A FIFO next stage needs no marker (`DedupLinker`): every delivery that finds the output
+written sends its link, with the output key's digest as MessageDeduplicationId, and SQS
+drops every send after the first for 300 s from that first one. The first send comes
+after the output's write, so every send made within `chain_dedup_window_s` of that write
+(by the output's own Last-Modified, read on S3's clock) falls inside the window of the
+first, whichever delivery made it: no second message. A send made later (a redelivery
+long after the write, a stalled owner) may fall outside it: each that may have gone out
+counts as `possible`. Lost answers within the window are retried freely and count nothing.
 """
 
 from __future__ import annotations
@@ -48,10 +57,10 @@ import orjson
 from sqsinfer import tracing
 from sqsinfer.aws.s3 import Storage
 from sqsinfer.aws.session import may_have_taken_effect
-from sqsinfer.aws.sqs import EntryFailed, Sender
+from sqsinfer.aws.sqs import EntryFailed, FifoIds, Sender
 from sqsinfer.backoff import Backoff
 from sqsinfer.logs import Event
-from sqsinfer.messages import S3Uri, Task, next_stage_body
+from sqsinfer.messages import S3Uri, Task, deduplication_id, message_group, next_stage_body
 from sqsinfer.metrics import DuplicateKind, Metrics
 
 log = logging.getLogger("sqsinfer.chain")
@@ -262,16 +271,8 @@ class Linker:
                 # The next stage's task is a child of this one: one trace across stages.
                 return await self.sender.send(body, tracing.current().outgoing())
             except Exception as exc:
-                # An entry SQS listed as failed in its batch answer was not sent; an error
-                # of the whole call may have reached SQS, for each entry of the batch.
                 last = exc
-                maybe_sent = not isinstance(exc, EntryFailed) and may_have_taken_effect(exc)
-                log.warning(
-                    Event.NEXT_STAGE_SEND_FAILED,
-                    extra=delivery.log_fields
-                    | {"attempt": attempt + 1, "maybe_sent": maybe_sent, "error": str(exc)},
-                )
-                if maybe_sent:  # one more message may be on the next stage already
+                if send_failed(exc, delivery, attempt):  # one more may be on the next stage
                     unsure = True
                     self._count(DuplicateKind.POSSIBLE, delivery, "lost send answer")
         if not unsure and not claim.inherited_doubt:
@@ -367,7 +368,69 @@ class Linker:
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _count(self, kind: DuplicateKind, delivery: Delivery, cause: str) -> None:
-        self.metrics.chain_duplicates.labels(kind).inc()
-        log.warning(
-            Event.CHAIN_DUPLICATE, extra=delivery.log_fields | {"kind": kind, "cause": cause}
-        )
+        count_duplicate(self.metrics, kind, delivery, cause)
+
+
+def send_failed(exc: Exception, delivery: Delivery, attempt: int) -> bool:
+    """Log a failed send attempt; whether it may have gone out all the same. An entry SQS
+    listed as failed in its batch answer was not sent; an error of the whole call may have
+    reached SQS, for each entry of the batch."""
+    maybe_sent = not isinstance(exc, EntryFailed) and may_have_taken_effect(exc)
+    log.warning(
+        Event.NEXT_STAGE_SEND_FAILED,
+        extra=delivery.log_fields
+        | {"attempt": attempt + 1, "maybe_sent": maybe_sent, "error": str(exc)},
+    )
+    return maybe_sent
+
+
+def count_duplicate(metrics: Metrics, kind: DuplicateKind, delivery: Delivery, cause: str) -> None:
+    metrics.chain_duplicates.labels(kind).inc()
+    log.warning(Event.CHAIN_DUPLICATE, extra=delivery.log_fields | {"kind": kind, "cause": cause})
+
+
+@dataclass(frozen=True)
+class WrittenAt:
+    """How old the output was at a moment of this process's clock: its age then."""
+
+    age_s: float
+    seen_at: float = field(default_factory=time.monotonic)
+
+    def age_now_s(self) -> float:
+        return self.age_s + time.monotonic() - self.seen_at
+
+
+@dataclass
+class DedupLinker:
+    """The link to a FIFO next stage: SQS's deduplication instead of markers."""
+
+    sender: Sender  # a FIFO queue's; its client must not retry (each lost answer seen here)
+    metrics: Metrics
+    window_s: float  # sends within this of the output's write are deduplicated by SQS
+
+    async def hand_on(self, delivery: Delivery, task: Task, written: WrittenAt) -> None:
+        """Send the link; raises LinkNotSent when no attempt went out for sure (retry)."""
+        body = next_stage_body(task)
+        ids = FifoIds(message_group(task.task_id, task.group), deduplication_id(str(task.output)))
+        last: Exception | None = None
+        for attempt in range(SEND_ATTEMPTS):
+            if attempt:
+                await asyncio.sleep(_RETRY.delay_s(attempt - 1))
+            # Judged before the send: a send that starts inside the margin lands inside
+            # SQS's window. One outside it may add a message, if any other went out.
+            outside = written.age_now_s() >= self.window_s
+            try:
+                await self.sender.send(body, tracing.current().outgoing(), fifo=ids)
+            except Exception as exc:
+                last = exc
+                if send_failed(exc, delivery, attempt) and outside:
+                    self._outside(delivery, written)
+                continue
+            if outside:
+                self._outside(delivery, written)
+            return
+        raise LinkNotSent("chain_send_failed", f"next stage send failed: {last}")
+
+    def _outside(self, delivery: Delivery, written: WrittenAt) -> None:
+        cause = f"sent {written.age_now_s():.0f} s after the output's write"
+        count_duplicate(self.metrics, DuplicateKind.POSSIBLE, delivery, cause)

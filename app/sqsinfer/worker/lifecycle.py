@@ -206,8 +206,13 @@ class Worker:
                 await self._wait_for_wake(_RECEIVE_BACKOFF.delay_s(failures - 1))
                 continue
             failures = 0
+            # On a FIFO queue, each message waits for the one before it in its group.
+            last_of_group: dict[str, Held] = {}
             for message in messages:
-                self._start(pipeline, message)
+                before = last_of_group.get(message.group_id) if message.group_id else None
+                held = self._start(pipeline, message, after=before)
+                if message.group_id:
+                    last_of_group[message.group_id] = held
 
     async def _receive(self, queue: SqsQueue, capacity: int) -> list[Message] | None:
         """One long poll, left to shutdown when it begins meanwhile. None on failure."""
@@ -254,14 +259,15 @@ class Worker:
         if receiving is not None and not receiving.done():
             await asyncio.wait({receiving})
 
-    def _start(self, pipeline: Pipeline, message: Message) -> None:
-        held = Held(message, on_release=self._released, on_take=self._taken)
+    def _start(self, pipeline: Pipeline, message: Message, after: Held | None = None) -> Held:
+        held = Held(message, on_release=self._released, on_take=self._taken, after=after)
         task = asyncio.create_task(pipeline.handle(held), name=f"message-{message.message_id}")
         self.held[task] = held
         assert self.keeper is not None  # made by startup
         self.keeper.add(message)
         self.metrics.in_flight.set(self.working())
         task.add_done_callback(self._finished)
+        return held
 
     def _taken(self, held: Held) -> None:
         self.metrics.in_flight.set(self.working())

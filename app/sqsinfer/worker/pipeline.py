@@ -12,6 +12,11 @@
     shutdown ─▶ visibility 0 (released)
     an S3 event that names no new object (a test event, a removal) ─▶ delete (ignored)
 
+On a FIFO queue, a message received after another of its group in the same receive waits
+for that one's message to be settled, holding no slot (SQS hands a group's messages in
+order, and no more of the group while one is held): deleted ─▶ its own turn; handed back
+(retried or released) ─▶ it goes back too, unstarted (released), so the group's order holds.
+
 A message of several S3 event records runs them one after another under its one slot,
 each through the same steps to its own outcome, and is settled once all have ended: any
 retried ─▶ handed back with the backoff (those committed are duplicates next time);
@@ -43,16 +48,16 @@ from typing import Any
 from sqsinfer import backoff, events, lineage, tracing
 from sqsinfer.aws.s3 import ObjectInfo, Storage
 from sqsinfer.aws.session import error_code
-from sqsinfer.aws.sqs import DeadLetter, Message, Sender, SqsQueue, dead_letter_copy
+from sqsinfer.aws.sqs import DeadLetter, FifoIds, Message, Sender, SqsQueue, dead_letter_copy
 from sqsinfer.compute import formats, inference
 from sqsinfer.compute.errors import InputError
 from sqsinfer.config import Settings
 from sqsinfer.logs import Event
-from sqsinfer.messages import MessageRules, S3Uri, Task
+from sqsinfer.messages import MessageRules, S3Uri, Task, deduplication_id, message_group
 from sqsinfer.metrics import Metrics, Phase
 from sqsinfer.outcomes import Outcome
 from sqsinfer.shm import SharedInput
-from sqsinfer.worker.chain import Delivery, Linker, LinkNotSent
+from sqsinfer.worker.chain import DedupLinker, Delivery, Linker, LinkNotSent, WrittenAt
 from sqsinfer.worker.pool import InferencePool
 
 log = logging.getLogger("sqsinfer.task")
@@ -74,6 +79,7 @@ class Step(StrEnum):
     """How far a held message's task has come (the worker's shutdown reads it)."""
 
     RECEIVED = "received"
+    WAITING_GROUP = "waiting_group"  # for the message before it in its FIFO group
     WAITING_OUTPUT = "waiting_output"  # for another message of this worker on the same output
     CHECKING = "checking"
     FETCHING = "fetching"
@@ -124,6 +130,13 @@ class Held:
     # The span of the record running now, and when it started (a message of several).
     record_trace: tracing.TaskTrace | None = field(default=None, repr=False)
     record_started: float = 0.0
+    # On a FIFO queue: the message before it in its group, of the same receive (the
+    # worker's), and set once this one is settled, for the one after it.
+    after: Held | None = field(default=None, repr=False)
+    done: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+    # How old the output was when this delivery found it or wrote it (a FIFO next stage's
+    # link judges from it whether SQS still deduplicates its send).
+    written_at: WrittenAt | None = None
 
     def release_slot(self) -> None:
         """The input is no longer needed and the outcome decided: what is left (the chain
@@ -161,6 +174,11 @@ class Held:
     @property
     def started(self) -> bool:
         return self.step in STARTED_STEPS
+
+    @property
+    def deleted(self) -> bool:
+        """Whether its message was settled by a delete (not handed back)."""
+        return self.step == Step.SETTLED and self.outcome != Outcome.RETRIED
 
     def final(self, outcome: Outcome) -> Outcome:
         """The write decides: a delivery that wrote the output is `committed`, however its
@@ -299,9 +317,16 @@ class Pipeline:
     receive_ended: Callable[[], Awaitable[None]] = _no_receive_pending
 
     def __post_init__(self) -> None:
+        s, sender = self.settings, self.next_stage
+        # A FIFO next stage drops a second send itself: no marker (see `chain`).
         self.linker = (
-            Linker(self.storage, self.next_stage, self.metrics, self.settings.chain_settle_s)
-            if self.next_stage is not None
+            Linker(self.storage, sender, self.metrics, s.chain_settle_s)
+            if sender is not None and not sender.fifo
+            else None
+        )
+        self.dedup_linker = (
+            DedupLinker(sender, self.metrics, s.chain_dedup_window_s)
+            if sender is not None and sender.fifo
             else None
         )
 
@@ -313,6 +338,8 @@ class Pipeline:
             return await self._handle(held)
         finally:
             self._end_traces(held)  # however it ended: no span is left open
+            held.after = None
+            held.done.set()  # the next of its FIFO group may look at how it was settled
 
     @staticmethod
     def _end_traces(held: Held) -> None:
@@ -325,7 +352,10 @@ class Pipeline:
 
     async def _handle(self, held: Held) -> Outcome:
         try:
-            outcome = await self._process(held, self._work)
+            if held.after is not None and not await self._group_turn(held, held.after):
+                outcome = await self._hand_back(held)
+            else:
+                outcome = await self._process(held, self._work)
         except asyncio.CancelledError:
             # The message must still be handed back even though this task was cancelled.
             outcome = await asyncio.shield(self._settle_cancelled(held))
@@ -340,6 +370,25 @@ class Pipeline:
         self._record(held, outcome)
         self._ended(held)
         return outcome
+
+    async def _group_turn(self, held: Held, before: Held) -> bool:
+        """Wait, holding no slot, for the message before this one in its FIFO group to be
+        settled. True when it was deleted: this one's turn. False when it went back: this
+        one must go back unstarted too (SQS keeps the group's order while both are held,
+        and hands the earlier one first)."""
+        held.step = Step.WAITING_GROUP
+        held.release_slot()
+        await before.done.wait()
+        if not before.deleted:
+            log.info(
+                Event.GROUP_HANDED_BACK, extra=self._ids(held) | {"group": held.message.group_id}
+            )
+            return False
+        held.step = Step.RECEIVED
+        held.take_slot()
+        # Its time starts with its turn: the keeper's max_task_time_s is for its own work.
+        held.message.received_at = time.monotonic()
+        return True
 
     async def _process(self, held: Held, work: Callable[[Held], Awaitable[Outcome]]) -> Outcome:
         """`work` to its outcome: a permanent problem rejected, any other error retried."""
@@ -410,6 +459,7 @@ class Pipeline:
         if existing is not None:
             held.release_slot()
             self._check_existing(held, task, existing)
+            held.written_at = WrittenAt(existing.age_s)
             await self._chain(held, task)
             return Outcome.DUPLICATE
         held.step = Step.FETCHING
@@ -432,6 +482,7 @@ class Pipeline:
         """The conditional put of the output. True when this delivery's write stands."""
         content_type = formats.named(task.output_format).content_type
         metadata = self._metadata(held, result["sha256"], source)
+        held.written_at = WrittenAt(0.0)  # if it lands, it is younger than this
         if await self.storage.commit(task.output, result["body"], metadata, content_type):
             return True
         # A 412 can answer our own write: the SDK retries a put whose answer was lost in
@@ -442,6 +493,7 @@ class Pipeline:
         if existing.metadata.get(lineage.DELIVERY) == held.delivery_id:
             return True
         self._check_existing(held, task, existing)
+        held.written_at = WrittenAt(existing.age_s)
         return False
 
     def _check_existing(self, held: Held, task: Task, existing: ObjectInfo) -> None:
@@ -507,11 +559,18 @@ class Pipeline:
         Waiting for another delivery's link happens here, holding the message (the
         visibility keeper extends it), so a wait never spends a receive.
         """
-        if self.linker is None:
-            return
         delivery = Delivery(
             held.delivery_id, held.message.message_id, task.task_id, self._ids(held)
         )
+        if self.dedup_linker is not None:
+            assert held.written_at is not None  # set where the output was found or written
+            held.step = Step.LINKING
+            with Timer(held, self.metrics, Phase.CHAIN):
+                sending = self.dedup_linker.hand_on(delivery, task, held.written_at)
+                await self._under_way(held, sending, Outcome.DUPLICATE)
+            return
+        if self.linker is None:
+            return
 
         def waiting() -> None:
             held.step = Step.LINK_WAIT
@@ -570,10 +629,21 @@ class Pipeline:
             trace=held.trace.outgoing(),
         )
         # Copy first, delete second: a crash in between leaves a copy, never nothing.
-        sending = self.dead_letters.send(copy.body, copy.attributes)
+        task_id = held.task.task_id if held.task else None
+        ids = self._dead_letter_ids(held, copy, task_id)
+        sending = self.dead_letters.send(copy.body, copy.attributes, ids)
         await self._under_way(held, sending, Outcome.REJECTED)
         self._rejected(held, detail)
         return await self._finish(held, Outcome.REJECTED)
+
+    def _dead_letter_ids(self, held: Held, copy: DeadLetter, task_id: str | None) -> FifoIds | None:
+        """A FIFO DLQ's ids for a copy: the message's own group (a redrive keeps its
+        order), else its task's; one copy of each message (or record) in SQS's window."""
+        if not self.dead_letters.fifo:
+            return None
+        message = held.message
+        group = message.group_id or message_group(task_id or message.message_id)
+        return FifoIds(group, deduplication_id(f"{message.message_id}\n{copy.body}"))
 
     def _rejected(self, held: Held, detail: str) -> None:
         self.metrics.rejections.labels(held.reason).inc()
@@ -731,7 +801,8 @@ class Pipeline:
     async def _copy_record(self, held: Held, end: RecordEnd) -> None:
         tracing.enter(end.trace)  # the copy's send is the record's (this task's context only)
         copy = self._record_copy(held, end)
-        await self.dead_letters.send(copy.body, copy.attributes)
+        ids = self._dead_letter_ids(held, copy, end.task_id)
+        await self.dead_letters.send(copy.body, copy.attributes, ids)
 
     def _record_copy(self, held: Held, end: RecordEnd) -> DeadLetter:
         alone = dataclasses.replace(held.message, body=end.record.alone())
