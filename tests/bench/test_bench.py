@@ -113,19 +113,21 @@ def test_quick_run_of_the_traced_worker_reports_what_tracing_costs(tmp_path):
 def test_chained_run_carries_every_task_through_both_stages_and_counts_each_stages_calls(
     tmp_path,
 ):
-    """Stage 1 alone, then stage 1 handing each output to stage 2 over a standard queue:
-    every task reaches stage 2's output, each stage's calls are counted where the stand-in
-    served them, and the chain's markers are counted apart (stage 1's only)."""
+    """Stage 1 alone, then stage 1 handing each output to stage 2 over a standard queue,
+    then over a FIFO one: every task reaches stage 2's output, each stage's calls are
+    counted where the stand-in served them, and the chain's markers are counted apart
+    (stage 1's, on a standard next queue only)."""
     out = tmp_path / "out"
     argv = [sys.executable, "-m", "sqsinfer", "bench", "--regime", "chained", "--repeat", "1"]
-    argv += ["--next-queue", "standard", "--tasks", "10", "--warmup", "4", "--processes", "1"]
+    argv += ["--tasks", "10", "--warmup", "4", "--processes", "1"]
     argv += ["--out-dir", str(out), "--cache-dir", str(tmp_path / "cache")]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     found = json.loads((out / "bench-chained.json").read_text())
 
-    assert found["regime"] == "chained" and found["settings"]["next_queues"] == ["standard"]
-    assert set(found["variants"]) == {"unchained", "standard"}
+    assert found["regime"] == "chained"
+    assert found["settings"]["next_queues"] == ["standard", "fifo"]
+    assert set(found["variants"]) == {"unchained", "standard", "fifo"}
     runs = {name: v["runs"][0] for name, v in found["variants"].items()}
     for name, run in runs.items():
         assert "error" not in run, (name, run.get("error"))
@@ -151,6 +153,14 @@ def test_chained_run_carries_every_task_through_both_stages_and_counts_each_stag
     assert runs["unchained"]["stages"]["stage1"]["marker_calls_per_task"] == 0
     assert set(runs["unchained"]["stages"]) == {"stage1"}
     assert found["chain_costs"]["standard"]["s3_calls_per_task"]["median"] > 0
+    # A FIFO next queue drops a second send itself: no marker, the send to the FIFO queue.
+    fifo = runs["fifo"]
+    assert fifo["bucket_after"] == {"stage1_outputs": 14, "markers": 0, "stage2_outputs": 14}
+    first, second = fifo["stages"]["stage1"], fifo["stages"]["stage2"]
+    assert first["marker_calls_per_task"] == 0 and first["calls_per_task"]["s3 PutObject .npy"] >= 1
+    assert first["calls_per_task"]["sqs SendMessageBatch fifo"] > 0
+    assert "sqs ReceiveMessage fifo" in second["calls_per_task"]
+    assert second["calls_per_task"]["s3 GetObject .npy"] >= 1.0
     assert "tasks/s end to end" in done.stdout and "s3 PutObject .chain" in done.stdout
 
 
