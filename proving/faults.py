@@ -36,6 +36,7 @@ import signal
 import socket
 import struct
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -175,12 +176,14 @@ def sent_messages(op: Operation, doc: dict[str, Any]) -> list[dict[str, Any]]:
         entries = list(doc.get("Entries", []))
     else:
         return []
+    fifo = {"MessageGroupId": "group", "MessageDeduplicationId": "deduplication_id"}
     return [
         {
             "queue": op.queue,
             "body": entry.get("MessageBody", ""),
             "attributes": entry.get("MessageAttributes", {}),
         }
+        | {ours: entry[name] for name, ours in fifo.items() if name in entry}  # FIFO's only
         for entry in entries
     ]
 
@@ -437,8 +440,9 @@ class FaultProxy:
     def _write_record(self, messages: list[dict[str, Any]]) -> None:
         """Every message asked of SQS through the proxy, whether it then got there or not."""
         if self.record_path and messages:
+            at = {"at": time.time()}  # when the request reached the proxy (epoch seconds)
             with open(self.record_path, "ab") as fh:  # a few a second: kept simple
-                fh.write(b"".join(orjson.dumps(m) + b"\n" for m in messages))
+                fh.write(b"".join(orjson.dumps(m | at) + b"\n" for m in messages))
 
     async def _forward(self, request: web.Request) -> tuple[int, dict[str, str], bytes]:
         assert self._session is not None

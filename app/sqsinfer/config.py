@@ -203,8 +203,8 @@ class Settings:
     )
     chain_settle_s: float = _opt(
         30.0,
-        "a delivery that finds another's chain intent waits this long, then takes the link "
-        "over; with task_time_s, below max_task_time_s",
+        "a delivery that finds another's output or chain intent without a sent link waits "
+        "this long, then takes the link over; with task_time_s, below max_task_time_s",
         float,
     )
     chain_dedup_window_s: float = _opt(

@@ -40,6 +40,7 @@ from proving.chaos.workload import (
     add_non_xml,
     add_squatters,
     prepare,
+    queue_name,
     start_feeding,
 )
 from sqsinfer.lab import stage, standin, synthetic
@@ -107,11 +108,13 @@ def run(config: ChaosConfig) -> Findings:
         findings.expect(not any(codes), f"workers exited with {codes} at the end")
         findings.expect(events_ok(chaos.events, config), "not all chaos events happened")
         proxy_lines = json_lines(os.path.join(workdir, PROXY_LOG))
-        check_outputs(moto.url, work, models, findings)
+        check_outputs(moto.url, work, models, findings, fifo=config.fifo)
         check_queues(moto.url, work, queues, resets_by_queue(proxy_lines), findings)
         worker_lines = {w.name: w.log_records() for w in chaos.workers}
-        check_logs(worker_lines, work, findings)
-        check_sends(moto.url, json_lines(os.path.join(workdir, SENDS)), work, queues, findings)
+        sends = json_lines(os.path.join(workdir, SENDS))
+        fifo_sends = (sends, queue_name(queues["stage2"])) if config.fifo else None
+        check_logs(worker_lines, work, findings, fifo_sends)
+        check_sends(moto.url, sends, work, queues, findings)
         check_visibility(worker_lines, proxy_lines, chaos, findings)
         findings.figures["faults injected"] = proxy_counts(proxy_lines)
         if config.s3_events:
@@ -166,6 +169,8 @@ OPTION_HELP = {
     "deletes": "with --s3-events: inputs deleted as soon as written (rate)",
     "event_poison": "with --s3-events: objects whose events are refused",
     "multi_records": "with --s3-events: events merged into bodies of several records (rate)",
+    "fifo": "stage 2's queues FIFO: links deduplicated by SQS, stage 2 keeps each group's order",
+    "groups": "with --fifo: the message groups the tasks are spread over",
 }
 
 

@@ -66,6 +66,10 @@ class ChaosConfig:
     deletes: float = 0.02  # inputs deleted as soon as written (rate)
     event_poison: int = 6  # objects whose events are refused (three kinds)
     multi_records: float = 0.1  # events the relay merges into bodies of several (rate)
+    # Stage 2's queues FIFO: stage 1 hands on with SQS's deduplication (no marker), each
+    # task in one of `groups` groups (its `group` field), and stage 2 keeps their order.
+    fifo: bool = False
+    groups: int = 20
 
 
 @dataclass(frozen=True)
@@ -96,7 +100,12 @@ class Workload:
         return self.keys.get(task_id, (f"stage1/{task_id}.npy", f"stage2/{task_id}.npy"))
 
     def add_valid(
-        self, s3: Any, task_id: str, rows: np.ndarray, params: dict[str, Any] | None = None
+        self,
+        s3: Any,
+        task_id: str,
+        rows: np.ndarray,
+        params: dict[str, Any] | None = None,
+        group: str | None = None,
     ) -> str:
         """Upload a valid task's input; its message body (JSON, non-ASCII escaped)."""
         self.valid[task_id] = rows
@@ -106,6 +115,8 @@ class Workload:
         if params is not None:
             self.params[task_id] = params
             doc["params"] = params
+        if group is not None:
+            doc["group"] = group
         return json.dumps(doc)
 
     def scatter(self, bodies: list[str]) -> None:
@@ -145,7 +156,7 @@ def _poison(s3: Any, i: int) -> tuple[str, str]:
 def prepare(endpoint: str, config: ChaosConfig) -> tuple[Workload, dict[str, str]]:
     s3, sqs = standin.clients(endpoint)
     stage.create_bucket(s3, BUCKET, versioned=True)
-    queues = stage.create_chain(sqs, "chaos", max_receive_count=10)
+    queues = stage.create_chain(sqs, "chaos", max_receive_count=10, fifo_stage2=config.fifo)
     rng = random.Random(config.seed)
     work = Workload()
     for i in range(config.slow_tasks):  # first: their held extensions are the first calls
@@ -157,7 +168,8 @@ def prepare(endpoint: str, config: ChaosConfig) -> tuple[Workload, dict[str, str
         if config.s3_events:  # an upload; the relay sends some of its events twice
             _add_upload(work, rng, config, i, rows)
         else:
-            body = work.add_valid(s3, f"task-{i:05d}", rows)
+            group = f"group-{i % config.groups}" if config.fifo else None
+            body = work.add_valid(s3, f"task-{i:05d}", rows, group=group)
             work.bodies.append(body)
             if rng.random() < config.duplicate_rate:  # sent twice, side by side: taken at once
                 work.bodies.append(body)

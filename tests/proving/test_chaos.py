@@ -47,6 +47,19 @@ def test_a_small_chaos_run_loses_nothing(capsys):
     assert report.count("SIGKILL inference process") == config.child_kills
 
 
+# What the runs after the first share: more duplicates, a little poison, one of each
+# planted kind, and no slow task (the keeper under stalled calls is the first run's).
+_SECOND_RUN: dict[str, Any] = {
+    "duplicate_rate": 0.2,
+    "poison_rate": 0.05,
+    "squatters": 1,
+    "non_xml": 1,
+    "slow_tasks": 0,
+    "visibility_delay_calls": 0,
+    "timeout_s": 300,
+}
+
+
 def test_a_small_chaos_run_fed_by_s3_events_loses_nothing(capsys):
     """Stage 1 fed by its bucket's notifications: odd keys, overwritten inputs (one output,
     one conflict), inputs deleted at once (read at their version), refused events, events
@@ -59,13 +72,7 @@ def test_a_small_chaos_run_fed_by_s3_events_loses_nothing(capsys):
         overwrites=0.1,
         deletes=0.1,
         multi_records=0.3,
-        duplicate_rate=0.2,
-        poison_rate=0.05,
-        squatters=1,
-        non_xml=1,
-        slow_tasks=0,  # the keeper under stalled calls is the first run's to prove
-        visibility_delay_calls=0,
-        timeout_s=300,
+        **_SECOND_RUN,
     )
     figures, _ = _lost_nothing(config, capsys)
     reasons = figures["DLQ reasons"]
@@ -77,6 +84,45 @@ def test_a_small_chaos_run_fed_by_s3_events_loses_nothing(capsys):
     assert twice > 0 and merged > 0
     assert figures["events ignored (test, removals)"] >= 1 + deleted
     assert figures["lapsed while held (then computed again)"] == "0 (0)"
+
+
+def test_a_small_chaos_run_with_a_fifo_stage_2_loses_nothing(capsys):
+    """Stage 2's queues FIFO: stage 1 links with SQS's deduplication (no marker) under lost
+    and reset send answers, and stage 2 consumes its groups in order, under the same fire."""
+    config = workload.ChaosConfig(
+        tasks=30,
+        seed=7,
+        fifo=True,
+        groups=5,
+        send_drop=0.25,
+        send_reset=0.25,
+        **_SECOND_RUN,
+    )
+    figures, _ = _lost_nothing(config, capsys)
+    injected = figures["faults injected"]
+    assert injected.get("sqs:send_dropped", 0) + injected.get("sqs:send_reset", 0) > 0, injected
+    assert figures["downstream duplicates (observed / counted)"].startswith("0 / 0")
+
+
+def test_a_fifo_send_after_stage_2_deleted_the_first_is_moto_s_gap_alone():
+    """moto deduplicates only against messages still in the queue: a link sent again
+    once stage 2 may have deleted the first is a second message there, never on AWS."""
+    # Stage 2 took the first message at 00:00:08 and finished it at 00:00:10.
+    stage2 = [_stage2_finished("a", "m1") | {"ts": "2026-01-01T00:00:10+00:00", "seconds": 2}]
+    sends = [
+        {"queue": "http://x/1/s2.fifo", "body": '{"task_id": "a"}', "at": at}
+        # The first send; a resend 2 s before stage 2 took the message; one after it ended.
+        for at in (1767225600.0, 1767225606.0, 1767225615.0)
+    ]
+    assert verdict.moto_dedup_gaps(sends, stage2, "s2.fifo") == {"a": 1}
+    stage2.append(_stage2_finished("a", "m2") | {"ts": "2026-01-01T00:00:20+00:00", "seconds": 1})
+    findings = verdict.Findings()
+    verdict.check_downstream(
+        [], stage2, findings, verdict.moto_dedup_gaps(sends, stage2, "s2.fifo")
+    )
+    assert findings.problems == []
+    verdict.check_downstream([], stage2, findings)
+    assert findings.problems  # without the gap, the second message is an uncounted duplicate
 
 
 def _lost_nothing(config: workload.ChaosConfig, capsys: Any) -> tuple[dict[str, Any], str]:

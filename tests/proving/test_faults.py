@@ -274,6 +274,7 @@ async def test_every_message_sent_through_the_proxy_is_recorded_as_sqs_would_get
     finally:
         await proxy.stop()
     sent = [json.loads(line) for line in record.read_text().splitlines()]
+    assert all(isinstance(line.pop("at"), float) for line in sent)  # when it reached the proxy
     assert sent[0] == {"queue": stage.next_url, "body": "a\x00b", "attributes": attributes}
     assert len(sent) == 1 + SDK_ATTEMPTS  # the first try and each of the SDK's retries
     assert sent[-1] == {"queue": stage.queue_url, "body": "fine", "attributes": {}}

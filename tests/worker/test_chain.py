@@ -16,7 +16,14 @@ from sqsinfer.aws.sqs import BatchSender, Sender
 from sqsinfer.lab import standin, synthetic
 from sqsinfer.messages import S3Uri, Task
 from sqsinfer.metrics import Metrics
-from sqsinfer.worker.chain import SEND_ATTEMPTS, Delivery, Linker, LinkNotSent
+from sqsinfer.worker.chain import (
+    SEND_ATTEMPTS,
+    Delivery,
+    Linker,
+    LinkNotSent,
+    Written,
+    WrittenAt,
+)
 from sqsinfer.worker.pipeline import Step
 from tests.conftest import Stage, eventually, fault_proxy, outcome_count, running, sample
 from tests.worker.test_lifecycle import Poacher
@@ -36,9 +43,9 @@ def _input(stage: Stage, name: str, first_cell: float = 0.0) -> str:
     return stage.put_input(name, synthetic.encode_input(rows, "npy"))
 
 
-def _written(stage: Stage, task_id: str, message_id: str) -> None:
+def _written(stage: Stage, task_id: str, message_id: str, delivery: str = "gone") -> None:
     """An output as a delivery of `message_id` would have written it."""
-    metadata = {"task-id": task_id, "message-id": message_id, "delivery": "gone"}
+    metadata = {"task-id": task_id, "message-id": message_id, "delivery": delivery}
     key = f"out/{task_id}.npy"
     stage.s3.put_object(Bucket=stage.bucket, Key=key, Body=b"written", Metadata=metadata)
 
@@ -48,6 +55,11 @@ def _intent(stage: Stage, task_id: str, message_id: str) -> None:
     metadata = {"chain-state": "sending", "delivery": "gone", "message-id": message_id}
     key = f"out/{task_id}.npy.chain"
     stage.s3.put_object(Bucket=stage.bucket, Key=key, Body=b"{}", Metadata=metadata)
+
+
+def _by(delivery: Delivery) -> Written:
+    """An output `delivery` has just written: the link is its own."""
+    return Written(delivery.delivery_id, WrittenAt(0.0))
 
 
 def _marker(stage: Stage, task_id: str) -> dict:
@@ -93,19 +105,22 @@ async def test_redelivery_after_the_link_adds_no_downstream_message(stage: Stage
     assert worker.metrics.outcomes["retried"] == 0
 
 
-async def test_an_output_without_a_link_is_linked_at_once(stage: Stage, make_settings):
-    # A delivery wrote the output and died before it claimed the link: output, no marker.
+async def test_an_output_without_a_link_is_linked_once_its_writer_is_presumed_dead(
+    stage: Stage, make_settings
+):
+    """A delivery elsewhere wrote the output and then died: output, no marker. The output
+    is its writer's intent: taken over once it is older than the settle, in the worker
+    (never handed back to wait), and counted, for the writer may have sent first."""
     uri = _input(stage, "a.npy")
     _written(stage, "crashed", message_id="an-earlier-message")
     stage.send({"task_id": "crashed", "input": uri})
-    async with running(_scripted(make_settings, stage, chain_settle_s=600)) as worker:
-        # The marker's create decides who links: nobody else holds it, so no settle wait.
+    async with running(_scripted(make_settings, stage, chain_settle_s=1)) as worker:
         await eventually(lambda: outcome_count(worker, "duplicate") == 1)
-    assert worker.metrics.outcomes == {"duplicate": 1}  # never handed back to wait
+    assert worker.metrics.outcomes == {"duplicate": 1}
     assert _next_inputs(stage) == [f"s3://{stage.bucket}/out/crashed.npy"]
     assert stage.outputs()["out/crashed.npy"] == b"written"
     assert _marker(stage, "crashed")["state"] == "sent"
-    assert _counted(worker) == (0, 0)
+    assert _counted(worker) == (0, 1)
 
 
 async def test_one_task_delivered_to_two_workers_at_once(stage: Stage, make_settings):
@@ -162,10 +177,10 @@ async def test_a_send_whose_record_is_given_up_is_counted_when_taken_over(
 ):
     """Sent, but the marker could not say so: the next delivery sends again, and counts it.
 
-    Both deliveries are this worker's: the first ended (retried), so its intent is known
-    to be dead and is taken over at once, though the settle is 600 s."""
+    Both deliveries are this worker's: the first ended (retried), so its intent (its
+    output) is known to be dead and is taken over at once, though the settle is 600 s."""
     stage.send({"task_id": "m2", "input": _input(stage, "a.npy")})
-    plan = FaultPlan(marker_failures=1.0, marker_updates_only=True, marker_burst=10_000)
+    plan = FaultPlan(marker_failures=1.0, marker_burst=10_000)
     async with fault_proxy(stage, plan) as proxy:
         settings = _scripted(make_settings, stage, endpoint_url=proxy.url, chain_settle_s=600)
         async with running(settings) as worker:
@@ -248,7 +263,7 @@ async def test_a_send_that_never_connected_hands_the_link_back_clean(stage: Stag
         sender = Sender(unreachable.sqs_single_attempt, stage.next_url)
         linker = Linker(Storage(clients.s3), sender, metrics, settle_s=600)
         delivery = Delivery("d-c", "m-c", "c")
-        claim = await linker.claim(delivery, task.output, lambda: None)
+        claim = await linker.claim(delivery, task.output, lambda: None, _by(delivery))
         assert claim is not None
         with pytest.raises(LinkNotSent, match="next stage send failed") as failed:
             await linker.hand_on(delivery, task, claim)
@@ -269,16 +284,16 @@ async def test_an_earlier_receive_of_the_same_message_still_linking_is_waited_fo
     # The earlier receive, elsewhere: it wrote the output and claimed the link; its
     # message's visibility lapses while it is still sending.
     stage.sqs.receive_message(QueueUrl=stage.queue_url, VisibilityTimeout=2)
-    _written(stage, "live", message_id)
     task = Task(
         "live", S3Uri(stage.bucket, "in/a.npy"), S3Uri(stage.bucket, "out/live.npy"), "npy", "npy"
     )
     earlier = Delivery("elsewhere", message_id, "live")
+    _written(stage, "live", message_id, delivery=earlier.delivery_id)
     elsewhere = Metrics()
     async with open_clients("us-east-1", stage.endpoint) as clients:
         sender = Sender(clients.sqs_single_attempt, stage.next_url)
         linker = Linker(Storage(clients.s3), sender, elsewhere, settle_s=600)
-        claim = await linker.claim(earlier, task.output, lambda: None)
+        claim = await linker.claim(earlier, task.output, lambda: None, _by(earlier))
         assert claim is not None
         async with running(_scripted(make_settings, stage, chain_settle_s=600)) as worker:
 
@@ -365,10 +380,10 @@ async def test_an_owner_whose_sent_link_was_taken_over_and_sent_counts_it_certai
         owner = Linker(storage, sender, owner_metrics, settle_s=600)
         taker = Linker(storage, sender, taker_metrics, settle_s=0)  # presumes every intent dead
         first = Delivery("first", "message-1", "t")
-        claim = await owner.claim(first, task.output, lambda: None)
+        claim = await owner.claim(first, task.output, lambda: None, _by(first))
         assert claim is not None
         second = Delivery("second", "message-2", "t")
-        took = await taker.claim(second, task.output, lambda: None)
+        took = await taker.claim(second, task.output, lambda: None, _by(first))
         assert took is not None and took.inherited_doubt
         await taker.hand_on(second, task, took)
         await owner.hand_on(first, task, claim)  # the stalled owner goes on and sends
@@ -441,7 +456,7 @@ async def test_a_lost_batch_answer_counts_a_possible_duplicate_for_each_link_in_
         links = []
         for task in tasks:
             delivery = Delivery(f"d-{task.task_id}", f"m-{task.task_id}", task.task_id)
-            claim = await linker.claim(delivery, task.output, lambda: None)
+            claim = await linker.claim(delivery, task.output, lambda: None, _by(delivery))
             assert claim is not None
             links.append(linker.hand_on(delivery, task, claim))
         await asyncio.gather(*links)  # both sends are gathered into one batch
@@ -453,3 +468,22 @@ async def test_a_lost_batch_answer_counts_a_possible_duplicate_for_each_link_in_
     name = "sqsinfer_chain_duplicates_total"
     assert sample(metrics, name, kind="possible") == 2
     assert all(_marker(stage, t)["state"] == "sent" for t in ("x", "y"))
+
+
+async def test_a_committed_tasks_link_costs_one_marker_put_and_no_head(stage: Stage, make_settings):
+    """What S3 bills a chained task delivered once: its input's GET, its output's PUT,
+    and the marker's one PUT ("sent"). The output is its writer's intent: no intent to
+    write, and no HEAD (no other delivery can have claimed a link before its output
+    existed)."""
+    tasks = [f"cost-{n}" for n in range(3)]
+    for task in tasks:
+        stage.send({"task_id": task, "input": _input(stage, f"{task}.npy")})
+    async with fault_proxy(stage, FaultPlan()) as proxy:
+        settings = _scripted(make_settings, stage, endpoint_url=proxy.url)
+        async with running(settings) as worker:
+            await eventually(lambda: outcome_count(worker, "committed") == len(tasks))
+    calls = {op: proxy.seen[op] for op in ("GetObject", "PutObject", "HeadObject")}
+    n = len(tasks)
+    assert calls == {"GetObject": n, "PutObject": 2 * n, "HeadObject": 0}
+    assert sorted(_next_inputs(stage)) == [f"s3://{stage.bucket}/out/{t}.npy" for t in tasks]
+    assert all(_marker(stage, t)["state"] == "sent" for t in tasks)

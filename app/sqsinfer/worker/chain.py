@@ -1,14 +1,22 @@
 """Handing an output to the next stage: one send in effect, and every possible second one counted.
 
-A standard SQS queue cannot drop a duplicate, so the link is decided before the send, in
-the marker object `<output>.chain`. Each step is a conditional PUT, so two deliveries
-never both believe they own the link:
+A standard SQS queue cannot drop a duplicate, so the link is decided before the send.
+The output itself is its writer's intent: the delivery whose conditional put of the
+output stood owns the link from that write on (its delivery id is in the output's
+metadata, the write's time is its Last-Modified), and records what became of it in the
+marker object `<output>.chain`. Each step is a conditional PUT, so two deliveries never
+both believe they own the link:
 
-    (none) ──create, If-None-Match: *──▶ sending   this delivery owns the link
-    sending ──sent, If-Match: its ETag──▶ sent      later deliveries send nothing
-    sending ──nothing sent, If-Match──▶ released    the next delivery starts clean
+    (none: the writer's) ──sent, If-None-Match: *──▶ sent   later deliveries send nothing
+    (none) ──nothing sent, If-None-Match: *──▶ released     the next delivery starts clean
+    (none) ──taken over, If-None-Match: *──▶ sending        its writer is presumed dead
+    sending ──sent, If-Match: its ETag──▶ sent
+    sending ──nothing sent, If-Match──▶ released
     sending (another's) ──If-Match──▶ sending       taken over: its owner is presumed dead
     released ──If-Match──▶ sending
+
+So a task delivered once costs one marker PUT ("sent"). A delivery that finds the output
+and no marker waits for the writer as for any intent (the output's age is the intent's).
 
 Only the owner sends, with the SDK's retries off: the worker retries the send itself,
 so it knows when an answer was lost (the message may have gone out). Sends of several
@@ -23,7 +31,8 @@ be working on it (its visibility lapsed, or a second copy), possibly on another 
 What can still put a second message on the next stage is counted in
 `sqsinfer_chain_duplicates_total` and logged with the task id:
 - possible: each send attempt whose answer was lost (it may have gone out, and the link
-  is sent again); a link taken over from an owner that may have sent before it died;
+  is sent again); a link taken over from an owner that may have sent before it died; a
+  writer's send beside an intent made by a worker that counts no takeover (0.2.0);
 - certain: an owner that sent and then found the link recorded as sent by another.
 A certain duplicate was counted as possible by the delivery that took it over too, so
 `possible` alone bounds the extra messages from above, and `certain` from below.
@@ -67,6 +76,11 @@ log = logging.getLogger("sqsinfer.chain")
 
 MARKER_SUFFIX = ".chain"
 STATE_KEY = "chain-state"
+# On an intent that took over another's ("sending", or a writer's output without a
+# marker): its delivery counts the possible duplicate. A writer that finds another's
+# intent without it (made by a worker before the output stood for its writer's intent,
+# which creates one at once) counts the possible duplicate itself.
+TAKEOVER_KEY = "chain-takeover"
 _CONTENT_TYPE = "application/json"
 # Sends and marker writes retried in the worker (each after the SDK's own, for S3).
 SEND_ATTEMPTS = 4
@@ -100,8 +114,21 @@ class Marker:
     state: LinkState
     delivery: str
     message_id: str
-    etag: str
+    etag: str  # "": no marker yet, the output stands for its writer's intent
     age_s: float
+    took_over: bool = False  # an intent that took over another's (TAKEOVER_KEY)
+
+
+@dataclass(frozen=True)
+class Written:
+    """An output as the link sees it: which delivery wrote it, and how old it is."""
+
+    by: str  # the writer's delivery id (the output's `delivery` metadata; "" if none)
+    at: WrittenAt
+
+    def intent(self) -> Marker:
+        """The writer's intent the output stands for while no marker exists."""
+        return Marker(LinkState.SENDING, self.by, "", "", self.at.age_now_s())
 
 
 @dataclass(frozen=True)
@@ -124,7 +151,8 @@ class LinkNotSent(Exception):
 
 @dataclass
 class Claim:
-    """A link this delivery owns: the ETag of its intent, and what it knows of earlier sends."""
+    """A link this delivery owns: the ETag of its intent ("" for the writer's own, which
+    the output stands for), and what it knows of earlier sends."""
 
     etag: str
     inherited_doubt: bool  # taken over from an owner that may have sent
@@ -168,6 +196,10 @@ class Linker:
     _owning: set[str] = field(default_factory=set, init=False, repr=False)
     dead: EndedDeliveries = field(default_factory=EndedDeliveries, init=False, repr=False)
 
+    def wrote(self, delivery_id: str) -> None:
+        """Note that a delivery of this worker wrote an output: it owns its link."""
+        self._owning.add(delivery_id)
+
     def ended(self, delivery_id: str) -> None:
         """Note that a delivery of this worker has ended, nothing of it still running (a
         send under way included). An intent it left can be taken over at once."""
@@ -176,15 +208,24 @@ class Linker:
             self.dead.add(delivery_id)
 
     async def claim(
-        self, delivery: Delivery, output: S3Uri, on_waiting: Callable[[], None]
+        self,
+        delivery: Delivery,
+        output: S3Uri,
+        on_waiting: Callable[[], None],
+        written: Written,
     ) -> Claim | None:
         """Own the link of `output`, or None once it is recorded as sent.
 
-        While another delivery owns a fresh intent this waits (calling `on_waiting`
-        first), looking again now and then, until that one records its send or its
-        intent is old enough to take over. Cancelling it at any point is harmless.
+        The delivery that wrote the output owns it at once, without a call: no other can
+        have claimed the link of an output that did not exist. Another waits while the
+        writer's intent (the output, until a marker exists) or another's is fresh
+        (calling `on_waiting` first), looking again now and then, until its owner records
+        its send or it is old enough to take over. Cancelling it at any point is harmless.
         """
-        return await self._claim(marker_uri(output), delivery, on_waiting)
+        self._owning.add(delivery.delivery_id)
+        if written.by == delivery.delivery_id:
+            return Claim("", inherited_doubt=False)
+        return await self._claim(marker_uri(output), delivery, on_waiting, written)
 
     async def hand_on(self, delivery: Delivery, task: Task, claim: Claim) -> None:
         """Send the next stage's message for an owned link and record it as sent.
@@ -197,20 +238,14 @@ class Linker:
 
     # -- owning the link --------------------------------------------------------------
     async def _claim(
-        self, uri: S3Uri, delivery: Delivery, on_waiting: Callable[[], None]
+        self, uri: S3Uri, delivery: Delivery, on_waiting: Callable[[], None], written: Written
     ) -> Claim | None:
         # Owning from the first write on: a write whose answer is lost may have landed.
-        self._owning.add(delivery.delivery_id)
-        marker = await self._read(uri)
+        marker = await self._read(uri) or written.intent()
         checks = lost = 0
         taking: Marker | None = None  # the intent this delivery last tried to take over
         while lost < _MAX_LOST_WRITES:
-            if marker is None:
-                etag = await self._write(uri, delivery, LinkState.SENDING, create=True)
-                if etag is not None:
-                    return Claim(etag, inherited_doubt=False)
-                lost += 1
-            elif marker.state == LinkState.SENT:
+            if marker.state == LinkState.SENT:
                 return None
             elif marker.delivery == delivery.delivery_id and marker.state == LinkState.SENDING:
                 # Our write's answer was lost. A takeover's keeps the doubt it took over.
@@ -219,7 +254,10 @@ class Linker:
                 return Claim(marker.etag, inherited_doubt=False)
             elif self._may_take(marker):
                 taking = marker
-                etag = await self._write(uri, delivery, LinkState.SENDING, etag=marker.etag)
+                doubt = marker.state == LinkState.SENDING  # this delivery counts it
+                etag = await self._write(
+                    uri, delivery, LinkState.SENDING, etag=marker.etag, took_over=doubt
+                )
                 if etag is not None:
                     return self._took_over(marker, delivery, etag)
                 lost += 1
@@ -228,7 +266,7 @@ class Linker:
                 wait_s = min(_RECHECK.delay_s(checks), self.settle_s - marker.age_s)
                 checks += 1
                 await asyncio.sleep(max(0.05, wait_s))
-            marker = await self._read(uri)
+            marker = await self._read(uri) or written.intent()
         raise LinkNotSent("chain_contended", f"{uri} kept changing under this delivery")
 
     def _may_take(self, marker: Marker) -> bool:
@@ -283,6 +321,8 @@ class Linker:
 
     async def _still_ours(self, uri: S3Uri, claim: Claim) -> bool:
         marker = await self._read(uri)
+        if not claim.etag:  # the writer's: ours while no marker says otherwise
+            return marker is None
         return marker is not None and marker.etag == claim.etag
 
     async def _record(self, uri: S3Uri, delivery: Delivery, claim: Claim, sent_id: str) -> None:
@@ -303,7 +343,10 @@ class Linker:
             return
         if marker.state == LinkState.SENT:
             self._count(DuplicateKind.CERTAIN, delivery, "link taken over after this send")
-        # Still "sending": the delivery that took it over counts it when it sends.
+        elif marker.state == LinkState.SENDING and not marker.took_over:
+            # An intent created beside this writer's by a worker that does not count it.
+            self._count(DuplicateKind.POSSIBLE, delivery, "another intent beside this send")
+        # Otherwise: the delivery that took it over counts it when it sends.
 
     # -- the marker ---------------------------------------------------------------------
     async def _read(self, uri: S3Uri) -> Marker | None:
@@ -315,9 +358,9 @@ class Linker:
             state = LinkState(meta.get(STATE_KEY, LinkState.SENT))
         except ValueError:
             state = LinkState.SENT  # unknown: never send on a marker this code cannot read
-        return Marker(
-            state, meta.get("delivery", ""), meta.get("message-id", ""), info.etag, info.age_s
-        )
+        delivery, message_id = meta.get("delivery", ""), meta.get("message-id", "")
+        took_over = TAKEOVER_KEY in meta
+        return Marker(state, delivery, message_id, info.etag, info.age_s, took_over)
 
     async def _write(
         self,
@@ -325,11 +368,12 @@ class Linker:
         delivery: Delivery,
         state: LinkState,
         *,
-        create: bool = False,
         etag: str = "",
         extra: dict[str, str] | None = None,
+        took_over: bool = False,
     ) -> str | None:
         """One step of the marker: the new ETag, or None when its precondition failed.
+        Without `etag` (no marker yet) it is created, If-None-Match: *; else If-Match.
 
         Failures that outlast the SDK's retries are retried here a few times. A retry of
         a write that did land fails its precondition; the caller reads the marker and
@@ -340,7 +384,7 @@ class Linker:
             "delivery": delivery.delivery_id,
             "message-id": delivery.message_id,
             "task-id": delivery.task_id,
-        }
+        } | ({TAKEOVER_KEY: "1"} if took_over else {})
         # A fresh id in every body: two writes never share an ETag, so If-Match is exact.
         doc = {
             "state": state,
@@ -353,7 +397,7 @@ class Linker:
         body = orjson.dumps(doc | (extra or {}))
         for attempt in range(WRITE_ATTEMPTS):
             try:
-                if create:
+                if not etag:
                     return await self.storage.put_if_absent(uri, body, metadata, _CONTENT_TYPE)
                 return await self.storage.put_if_match(uri, body, metadata, _CONTENT_TYPE, etag)
             except Exception as exc:

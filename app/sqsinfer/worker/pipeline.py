@@ -57,7 +57,7 @@ from sqsinfer.messages import MessageRules, S3Uri, Task, deduplication_id, messa
 from sqsinfer.metrics import Metrics, Phase
 from sqsinfer.outcomes import Outcome
 from sqsinfer.shm import SharedInput
-from sqsinfer.worker.chain import DedupLinker, Delivery, Linker, LinkNotSent, WrittenAt
+from sqsinfer.worker.chain import DedupLinker, Delivery, Linker, LinkNotSent, Written, WrittenAt
 from sqsinfer.worker.pool import InferencePool
 
 log = logging.getLogger("sqsinfer.task")
@@ -134,9 +134,9 @@ class Held:
     # worker's), and set once this one is settled, for the one after it.
     after: Held | None = field(default=None, repr=False)
     done: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
-    # How old the output was when this delivery found it or wrote it (a FIFO next stage's
-    # link judges from it whether SQS still deduplicates its send).
-    written_at: WrittenAt | None = None
+    # Which delivery wrote the output and how old it was when this one found or wrote it:
+    # the chain link's intent, and on a FIFO next stage whether SQS still deduplicates.
+    written: Written | None = None
 
     def release_slot(self) -> None:
         """The input is no longer needed and the outcome decided: what is left (the chain
@@ -459,7 +459,7 @@ class Pipeline:
         if existing is not None:
             held.release_slot()
             self._check_existing(held, task, existing)
-            held.written_at = WrittenAt(existing.age_s)
+            held.written = self._found(existing)
             await self._chain(held, task)
             return Outcome.DUPLICATE
         held.step = Step.FETCHING
@@ -472,6 +472,8 @@ class Pipeline:
         held.step = Step.COMMITTING
         with Timer(held, self.metrics, Phase.COMMIT):
             held.wrote = await self._commit(held, task, result, shared)
+        if held.wrote and self.linker is not None:
+            self.linker.wrote(held.delivery_id)  # its link is its own from the write on
         held.release_slot()
         await self._chain(held, task)
         return Outcome.DUPLICATE  # committed when it wrote
@@ -482,7 +484,8 @@ class Pipeline:
         """The conditional put of the output. True when this delivery's write stands."""
         content_type = formats.named(task.output_format).content_type
         metadata = self._metadata(held, result["sha256"], source)
-        held.written_at = WrittenAt(0.0)  # if it lands, it is younger than this
+        # If it lands, it is younger than this.
+        held.written = Written(held.delivery_id, WrittenAt(0.0))
         if await self.storage.commit(task.output, result["body"], metadata, content_type):
             return True
         # A 412 can answer our own write: the SDK retries a put whose answer was lost in
@@ -493,8 +496,13 @@ class Pipeline:
         if existing.metadata.get(lineage.DELIVERY) == held.delivery_id:
             return True
         self._check_existing(held, task, existing)
-        held.written_at = WrittenAt(existing.age_s)
+        held.written = self._found(existing)
         return False
+
+    @staticmethod
+    def _found(existing: ObjectInfo) -> Written:
+        """Another delivery's output: its writer, and its age by S3's clock."""
+        return Written(existing.metadata.get(lineage.DELIVERY, ""), WrittenAt(existing.age_s))
 
     def _check_existing(self, held: Held, task: Task, existing: ObjectInfo) -> None:
         """An existing output is this task's (a duplicate) or a conflict: never handed on.
@@ -563,10 +571,10 @@ class Pipeline:
             held.delivery_id, held.message.message_id, task.task_id, self._ids(held)
         )
         if self.dedup_linker is not None:
-            assert held.written_at is not None  # set where the output was found or written
+            assert held.written is not None  # set where the output was found or written
             held.step = Step.LINKING
             with Timer(held, self.metrics, Phase.CHAIN):
-                sending = self.dedup_linker.hand_on(delivery, task, held.written_at)
+                sending = self.dedup_linker.hand_on(delivery, task, held.written.at)
                 await self._under_way(held, sending, Outcome.DUPLICATE)
             return
         if self.linker is None:
@@ -576,7 +584,8 @@ class Pipeline:
             held.step = Step.LINK_WAIT
 
         with Timer(held, self.metrics, Phase.CHAIN):
-            claim = await self.linker.claim(delivery, task.output, waiting)
+            assert held.written is not None
+            claim = await self.linker.claim(delivery, task.output, waiting, held.written)
             if claim is None:
                 return
             held.step = Step.LINKING
