@@ -54,6 +54,7 @@ FORMS: dict[str, tuple[str, ...]] = {
     "max_task_time_s": ("900.0",),
     "always_head_output": ("false", "true", "1", "no"),
     "chain_settle_s": ("30.0",),
+    "chain_dedup_window_s": ("240.0",),
     "max_message_bytes": ("262144",),
     "max_input_bytes": ("67108864",),
     "max_decoded_bytes": ("268435456",),
