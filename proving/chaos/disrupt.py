@@ -95,11 +95,11 @@ def start_proxy(
         str(config.send_reset),
         "--send-reset-queue",
         queue_name(queues["stage2"]),
-        # Bursts on the "sent" record from just past the SDK's attempts (the worker's
-        # own retries recover) to past the worker's too (the link is taken over later).
+        # Bursts on the "sent" record (now created, If-None-Match, by the output's writer)
+        # from just past the SDK's attempts (the worker's own retries recover) to past the
+        # worker's too (the link is taken over later).
         "--marker-failures",
         str(config.marker_failures),
-        "--marker-updates-only",
         "--marker-burst",
         str(SDK_ATTEMPTS),
         "--marker-burst-max",
