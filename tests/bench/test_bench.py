@@ -112,6 +112,89 @@ def test_quick_run_of_the_traced_worker_reports_what_tracing_costs(tmp_path):
     assert "(the calls " in done.stdout
 
 
+def test_chained_run_carries_every_task_through_both_stages_and_counts_each_stages_calls(
+    tmp_path,
+):
+    """Stage 1 alone, then stage 1 handing each output to stage 2 over a standard queue,
+    then over a FIFO one: every task reaches stage 2's output, each stage's calls are
+    counted where the stand-in served them, and the chain's markers are counted apart
+    (stage 1's, on a standard next queue only)."""
+    out = tmp_path / "out"
+    argv = [sys.executable, "-m", "sqsinfer", "bench", "--regime", "chained", "--repeat", "1"]
+    argv += ["--tasks", "10", "--warmup", "4", "--processes", "1"]
+    argv += ["--out-dir", str(out), "--cache-dir", str(tmp_path / "cache")]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    found = json.loads((out / "bench-chained.json").read_text())
+
+    assert found["regime"] == "chained"
+    assert found["settings"]["next_queues"] == ["standard", "fifo"]
+    assert set(found["variants"]) == {"unchained", "standard", "fifo"}
+    runs = {name: v["runs"][0] for name, v in found["variants"].items()}
+    for name, run in runs.items():
+        assert "error" not in run, (name, run.get("error"))
+    chain = runs["standard"]
+    # Every task, the warm-up's included, has its output in each stage and one marker.
+    assert chain["bucket_after"] == {"stage1_outputs": 14, "markers": 14, "stage2_outputs": 14}
+    assert runs["unchained"]["bucket_after"] == {
+        "stage1_outputs": 14,
+        "markers": 0,
+        "stage2_outputs": 0,
+    }
+    assert chain["tasks"] == 10 and chain["tasks_per_s"] > 0
+    for name, figures in chain["stages"].items():
+        assert figures["sqs_calls_per_task"] > 0 and figures["s3_calls_per_task"] > 0, name
+        assert figures["calls_per_task"]["s3 GetObject .npy"] >= 1.0, name  # its input
+        assert figures["calls_per_task"]["s3 PutObject .npy"] >= 1.0, name  # its output
+        assert figures["cpu_ms_per_task"] > 0 and figures["usd_per_million_tasks"] > 0, name
+    first, second = chain["stages"]["stage1"], chain["stages"]["stage2"]
+    assert first["calls_per_task"]["s3 PutObject .chain"] >= 1.0  # the markers, counted
+    assert first["marker_calls_per_task"] > 0 and second["marker_calls_per_task"] == 0
+    assert first["calls_per_task"]["sqs SendMessageBatch standard"] > 0  # the hand-on
+    assert "sqs ReceiveMessage standard" in second["calls_per_task"]
+    assert runs["unchained"]["stages"]["stage1"]["marker_calls_per_task"] == 0
+    assert set(runs["unchained"]["stages"]) == {"stage1"}
+    assert found["chain_costs"]["standard"]["s3_calls_per_task"]["median"] > 0
+    # A FIFO next queue drops a second send itself: no marker, the send to the FIFO queue.
+    fifo = runs["fifo"]
+    assert fifo["bucket_after"] == {"stage1_outputs": 14, "markers": 0, "stage2_outputs": 14}
+    first, second = fifo["stages"]["stage1"], fifo["stages"]["stage2"]
+    assert first["marker_calls_per_task"] == 0 and first["calls_per_task"]["s3 PutObject .npy"] >= 1
+    assert first["calls_per_task"]["sqs SendMessageBatch fifo"] > 0
+    assert "sqs ReceiveMessage fifo" in second["calls_per_task"]
+    assert second["calls_per_task"]["s3 GetObject .npy"] >= 1.0
+    assert "tasks/s end to end" in done.stdout and "s3 PutObject .chain" in done.stdout
+
+
+def test_the_price_of_a_chained_tasks_calls():
+    """AWS's prices, us-east-1: a PUT $5 and a HEAD or GET $0.40 a million; SQS $0.40
+    a million chunks of 64 KiB (FIFO $0.50); a delete costs nothing."""
+    from sqsinfer.bench import chained
+    from sqsinfer.lab.counting import Counted, Kind
+
+    def kind(service: str, operation: str, target: str) -> Kind:
+        return Kind(1, service, operation, target)
+
+    calls = {
+        kind("s3", "PutObject", ".npy"): Counted(100, 100),
+        kind("s3", "PutObject", ".chain"): Counted(200, 200),
+        kind("s3", "HeadObject", ".chain"): Counted(100, 100),
+        kind("s3", "DeleteObject", ".npy"): Counted(100, 100),
+        kind("sqs", "SendMessageBatch", "fifo"): Counted(10, 20),
+        kind("sqs", "ReceiveMessage", "standard"): Counted(10, 10),
+    }
+    found = chained.calls_per_task(calls, tasks=100)
+    usd = found["usd_per_million_tasks_by_call"]
+    assert usd["s3 PutObject .npy"] == pytest.approx(5.0)
+    assert usd["s3 PutObject .chain"] == pytest.approx(10.0)
+    assert usd["s3 HeadObject .chain"] == pytest.approx(0.4)
+    assert usd["s3 DeleteObject .npy"] == 0
+    assert usd["sqs SendMessageBatch fifo"] == pytest.approx(0.1)  # 0.2 chunks a task
+    assert usd["sqs ReceiveMessage standard"] == pytest.approx(0.04)
+    assert found["marker_calls_per_task"] == 3.0 and found["s3_calls_per_task"] == 5.0
+    assert found["sqs_calls_per_task"] == 0.2
+
+
 @pytest.mark.parametrize(
     ("handler", "asked", "error"),
     [

@@ -9,8 +9,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-REGIME_NAMES = ("heavy", "medium", "quick")  # sqsinfer.bench.workload.REGIMES, without numpy
+# sqsinfer.bench.workload.REGIMES, without numpy
+REGIME_NAMES = ("chained", "heavy", "medium", "quick")
 HANDLERS = ("xgboost", "onnx")  # the model kinds a regime has (sqsinfer.bench.workload)
+NEXT_QUEUES = ("standard", "fifo")  # the chained regime's (sqsinfer.bench.chained)
 
 BENCH_EPILOG = """\
 Scenarios (each on its own fresh queues and bucket of a local moto server):
@@ -28,6 +30,10 @@ examples:
   sqsinfer bench --regime medium --repeat 3 --plot
   sqsinfer bench --handler onnx --regime medium   # an ONNX MLP of the same cost per task
   sqsinfer bench --regime medium --scenarios sqsinfer,sqsinfer-traced   # tracing's CPU
+  sqsinfer bench --regime chained --next-queue standard   # two stages, calls and their cost
+The chained regime runs two workers, stage 2 fed by stage 1 through a standard or FIFO
+next queue, beside stage 1 alone (unchained): end-to-end tasks/s, each stage's CPU, and
+its SQS and S3 calls per task as the stand-in served them, with their AWS price.
 Writes <out-dir>/bench-<regime>.json (bench-<regime>-onnx.json with --handler onnx; and
 bench.png with --plot, which needs matplotlib). With --handler onnx the scenarios are those
 that run the worker's handler: compute-only, sqsinfer, emulator-ceiling.
@@ -46,6 +52,13 @@ def add_parser(sub: Any) -> None:
         action="append",
         choices=REGIME_NAMES,
         help="workload regime, repeatable (default: medium and heavy; quick with --quick)",
+    )
+    p.add_argument(
+        "--next-queue",
+        action="append",
+        choices=NEXT_QUEUES,
+        help="the chained regime's next queue, repeatable (default: standard and fifo; "
+        "each beside the unchained baseline)",
     )
     p.add_argument("--quick", action="store_true", help="smoke run: small tasks, few of them")
     p.add_argument(

@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 
 from sqsinfer import config
-from sqsinfer.bench import handoff, report, runner, tracecost, workload
+from sqsinfer.bench import chained, handoff, report, runner, tracecost, workload
 from sqsinfer.lab import standin
 
 _FULL_REGIMES = ["medium", "heavy"]
@@ -85,7 +85,39 @@ def run_regime(
         f"{regime.distinct_inputs} inputs"
     )
     regime, model = workload.for_handler(regime, args.handler, args.seed, cache_dir)
-    ctx = runner.Context(
+    ctx = _context(args, regime, model, moto, shared)
+    if regime.name == "chained":
+        return _run_chained(args, ctx, moto, cache_dir)
+    if "handoff" not in shared:
+        _progress("handoff micro-benchmark (2 MB array)")
+        shared["handoff"] = asyncio.run(
+            handoff.handoff_benchmark(model, _HANDOFF_REPS[args.quick], args.handler)
+        )
+    _progress(f"pool start-up, {ctx.processes} processes")
+    pool = asyncio.run(
+        handoff.pool_startup(model, ctx.processes, _POOL_REPEATS[args.quick], args.handler)
+    )
+    if "tracing" not in shared and "sqsinfer-traced" in {s.name for s in _scenarios(args)}:
+        _progress("tracing micro-benchmark (a task's spans, exported)")
+        shared["tracing"] = tracecost.measure(_TRACED_TASKS[args.quick])
+    runs = _run_scenarios(args, ctx, moto)
+    extras = _extras(args, ctx) | {
+        "handoff": shared["handoff"],
+        "pool_startup": pool,
+    }
+    if "tracing" in shared:
+        extras["tracing_hooks"] = shared["tracing"]
+    return report.build(regime, runs, extras)
+
+
+def _context(
+    args: argparse.Namespace,
+    regime: workload.Regime,
+    model: str,
+    moto: standin.MotoServer,
+    shared: dict[str, Any],
+) -> runner.Context:
+    return runner.Context(
         regime=regime,
         seed=args.seed,
         processes=args.processes or config.available_cpus(),
@@ -102,20 +134,11 @@ def run_regime(
         handler=args.handler,
         rate_per_s=args.rate,
     )
-    if "handoff" not in shared:
-        _progress("handoff micro-benchmark (2 MB array)")
-        shared["handoff"] = asyncio.run(
-            handoff.handoff_benchmark(model, _HANDOFF_REPS[args.quick], args.handler)
-        )
-    _progress(f"pool start-up, {ctx.processes} processes")
-    pool = asyncio.run(
-        handoff.pool_startup(model, ctx.processes, _POOL_REPEATS[args.quick], args.handler)
-    )
-    if "tracing" not in shared and "sqsinfer-traced" in {s.name for s in _scenarios(args)}:
-        _progress("tracing micro-benchmark (a task's spans, exported)")
-        shared["tracing"] = tracecost.measure(_TRACED_TASKS[args.quick])
-    runs = _run_scenarios(args, ctx, moto)
-    extras = {
+
+
+def _extras(args: argparse.Namespace, ctx: runner.Context) -> dict[str, Any]:
+    """What every regime's report says of the run: command, machine, settings, workload."""
+    return {
         "quick": bool(args.quick),
         "command": ["sqsinfer", *sys.argv[1:]],
         "machine": report.machine_facts(),
@@ -131,16 +154,25 @@ def run_regime(
             "profiled": bool(args.profile),
         },
         "workload": {
-            "model_mb": round(os.path.getsize(model) / 1e6, 2),
-            "model_sha256": _sha256(model),
+            "model_mb": round(os.path.getsize(ctx.model_path) / 1e6, 2),
+            "model_sha256": _sha256(ctx.model_path),
             "input_bytes": len(ctx.inputs[0]),
         },
-        "handoff": shared["handoff"],
-        "pool_startup": pool,
     }
-    if "tracing" in shared:
-        extras["tracing_hooks"] = shared["tracing"]
-    return report.build(regime, runs, extras)
+
+
+def _run_chained(
+    args: argparse.Namespace, ctx: runner.Context, moto: standin.MotoServer, cache_dir: str
+) -> dict[str, Any]:
+    models = {"stage1": ctx.model_path, "stage2": chained.stage2_model(cache_dir, args.seed)}
+    variants = chained.variants_of(args.next_queue)
+    combined, per_run = chained.run_regime(
+        ctx, moto, models, variants, repeat=args.repeat, progress=_progress
+    )
+    extras = _extras(args, ctx)
+    extras["settings"]["next_queues"] = variants[1:]
+    extras["workload"]["stage2_model_sha256"] = _sha256(models["stage2"])
+    return chained.build(ctx.regime, combined, per_run, extras)
 
 
 def _run_scenarios(
@@ -207,14 +239,21 @@ def _run(args: argparse.Namespace) -> int:
     shared: dict[str, Any] = {"work_dir": os.path.join(args.out_dir, "logs")}
     os.makedirs(shared["work_dir"], exist_ok=True)
     reports, failed = [], False
-    with standin.moto_server() as moto:
+    # A chain's stages each talk to the stand-in on a port of their own (their calls told
+    # apart where they are served).
+    more = len(chained.STAGES) if any(r.name == "chained" for r in regimes) else 0
+    with standin.moto_server(more_endpoints=more) as moto:
         for regime in regimes:
             found = run_regime(args, regime, moto, shared)
             path = write_json(args.out_dir, found)
+            if "variants" in found:
+                print("\n" + chained.table(found) + f"\n(written to {path})\n", flush=True)
+                failed |= chained.failed(found)
+                continue
             print("\n" + report.table(found) + f"\n(written to {path})\n", flush=True)
             reports.append(found)
             failed |= any("error" in r for r in found["scenarios"].values())
-    if args.plot:
+    if args.plot and reports:
         try:
             chart = report.plot(reports, os.path.join(args.out_dir, "bench.png"))
             print(f"chart written to {chart}")

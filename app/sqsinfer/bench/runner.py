@@ -40,7 +40,7 @@ log = logging.getLogger("sqsinfer.bench")
 _READY_TIMEOUT_S = 300.0
 _STALL_S = 90.0  # no task finished for this long: the scenario is broken
 _STOP_TIMEOUT_S = 60.0
-_POLL_S = 0.02  # the bench's own polling costs about 0.5 % of one core
+POLL_S = 0.02  # the bench's own polling costs about 0.5 % of one core
 PHASES = (
     "receive",
     "check",
@@ -106,7 +106,7 @@ SCENARIO_NAMES = tuple(s.name for s in SCENARIOS)
 WORKERS = frozenset({"sqsinfer", "sqsinfer-traced"})
 # The worker's traces: off in `sqsinfer` whatever the bench's environment says (so it
 # measures the untraced worker), all of them exported in `sqsinfer-traced`.
-_UNTRACED = {"OTEL_SDK_DISABLED": "true"}
+UNTRACED = {"OTEL_SDK_DISABLED": "true"}
 # Taken from the bench's environment into `sqsinfer-traced`'s (else every task is sampled).
 _SAMPLER_VARIABLES = ("OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG")
 
@@ -228,7 +228,7 @@ def launch(
     if name in WORKERS:
         assert res is not None
         port = standin.free_port()
-        env = _sqsinfer_env(ctx, res, port) | (traces or _UNTRACED)
+        env = _sqsinfer_env(ctx, res, port) | (traces or UNTRACED)
         if traces is not None:
             env.pop("OTEL_SDK_DISABLED", None)
         argv = [sys.executable, "-m", "sqsinfer", "worker"]
@@ -301,7 +301,7 @@ class Tracker:
             self.poll()
             if time.monotonic() - started > _READY_TIMEOUT_S:
                 raise ScenarioFailed(f"not ready after {_READY_TIMEOUT_S:.0f} s")
-            time.sleep(_POLL_S)
+            time.sleep(POLL_S)
         return time.monotonic() - started
 
     def snapshot(self, moto_pid: int) -> Snapshot:
@@ -329,7 +329,7 @@ class Tracker:
                 raise ScenarioFailed(
                     f"no task finished for {_STALL_S:.0f} s:\n{self.tail.tail_text()}"
                 )
-            time.sleep(_POLL_S)
+            time.sleep(POLL_S)
 
 
 def measure(ctx: Context, tracker: Tracker, profile_path: str = "") -> tuple[Snapshot, Snapshot]:

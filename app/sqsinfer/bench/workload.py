@@ -79,6 +79,20 @@ REGIMES: dict[str, Regime] = {
         max_window_s=25.0,
         mlp_hidden=(256, 256),
     ),
+    "chained": Regime(
+        "chained",
+        "two stages, the second fed by the first: stage 1 2,000 rows x 50 features, 50 "
+        "trees of depth 6; stage 2 its 2,000 predictions, 20 trees of one feature",
+        rows=2000,
+        features=50,
+        trees=50,
+        depth=6,
+        distinct_inputs=4,
+        warmup_tasks=20,
+        tasks=300,
+        max_window_s=300.0,  # the longest a batch may take to go through both stages
+        mlp_hidden=(128, 128),
+    ),
     "quick": Regime(
         "quick",
         "smoke run: 2,000 rows x 50 features, 50 trees of depth 6",

@@ -32,6 +32,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from sqsinfer.lab import counting
+
 REGION = "us-east-1"
 FAKE_CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "testing",
@@ -49,12 +51,20 @@ LOCAL_MODULES = ("moto", "flask", "flask_cors", "boto3", "psutil")
 class MotoServer:
     url: str
     process: subprocess.Popen[bytes]
+    # More endpoints of the same server (same buckets and queues), each on its own port:
+    # the requests counted at each tell its client's apart from the others'.
+    endpoints: tuple[str, ...] = ()
 
     def reset(self) -> None:
         """Forget every bucket and queue (moto's reset endpoint)."""
         request = urllib.request.Request(self.url + "/moto-api/reset", method="POST")
         with urllib.request.urlopen(request, timeout=10):
             pass
+
+    def request_counts(self) -> dict[counting.Kind, counting.Counted]:
+        """Every request served so far, by port, service, operation and target."""
+        with urllib.request.urlopen(self.url + counting.COUNTS_PATH, timeout=10) as answer:
+            return counting.parse_counts(answer.read())
 
 
 def free_port() -> int:
@@ -151,19 +161,26 @@ def wait_until_up(url: str, process: subprocess.Popen[bytes]) -> None:
 
 
 @contextlib.contextmanager
-def moto_server(port: int = 0) -> Iterator[MotoServer]:
-    """Start `moto_server` on 127.0.0.1 (a free port unless given) and stop it after."""
+def moto_server(port: int = 0, more_endpoints: int = 0) -> Iterator[MotoServer]:
+    """Start `moto_server` on 127.0.0.1 (a free port unless given) and stop it after;
+    with `more_endpoints`, it also serves on that many more ports."""
     port = port or free_port()
     url = f"http://127.0.0.1:{port}"
+    more = [free_port() for _ in range(more_endpoints)]
+    argv = [sys.executable, "-m", "sqsinfer.lab.standin", "-H", "127.0.0.1", "-p", str(port)]
+    for extra in more:
+        argv += ["--also-port", str(extra)]
     process = subprocess.Popen(
-        [sys.executable, "-m", "sqsinfer.lab.standin", "-H", "127.0.0.1", "-p", str(port)],
+        argv,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         env={**os.environ, **FAKE_CREDENTIALS},
     )
     try:
-        wait_until_up(url, process)
-        yield MotoServer(url, process)
+        endpoints = tuple(f"http://127.0.0.1:{extra}" for extra in more)
+        for endpoint in (url, *endpoints):
+            wait_until_up(endpoint, process)
+        yield MotoServer(url, process, endpoints)
     finally:
         process.terminate()
         try:
@@ -179,8 +196,9 @@ _IDLE_CONNECTION_S = 300.0  # an idle kept-alive connection's thread ends after 
 WsgiAnswer = tuple[str, list[tuple[str, str]], bytes]
 
 
-def _keep_alive_handler() -> type[Any]:
-    """moto's request handler, answering HTTP/1.1 with keep-alive.
+def _keep_alive_handler(counter: counting.RequestCounter | None = None) -> type[Any]:
+    """moto's request handler, answering HTTP/1.1 with keep-alive, counting each request
+    it serves in `counter` (and answering the counts at `counting.COUNTS_PATH`).
 
     Werkzeug's development server closes every connection after one answer, on purpose:
     after each request it reads whatever else came in, which would swallow the next
@@ -191,6 +209,7 @@ def _keep_alive_handler() -> type[Any]:
     """
     from werkzeug.serving import WSGIRequestHandler
 
+    counted = counter or counting.RequestCounter()
     base: type[WSGIRequestHandler] = WSGIRequestHandler  # what older moto serves through
     try:  # moto's own handler keeps S3 metadata names with underscores as sent
         from moto.moto_server.werkzeug_app import MotoRequestHandler
@@ -215,11 +234,16 @@ def _keep_alive_handler() -> type[Any]:
             environ["CONTENT_LENGTH"] = str(len(body))
             environ.pop("HTTP_TRANSFER_ENCODING", None)
             environ.pop("wsgi.input_terminated", None)
+            if environ.get("PATH_INFO") == counting.COUNTS_PATH:
+                counts = counted.to_json()
+                _write_answer(self, ("200 OK", [("Content-Type", "application/json")], counts))
+                return
             try:
                 answer = _call_app(self.server.app, environ)
             except Exception:  # the app failed: say so, and start afresh on a new connection
                 self.close_connection = True
                 answer = ("500 INTERNAL SERVER ERROR", [], b"internal error")
+            counted.count(environ, body, len(answer[2]))
             _write_answer(self, answer)
 
     return KeepAliveHandler
@@ -276,23 +300,30 @@ def _write_answer(handler: Any, answer: WsgiAnswer) -> None:
 
 
 def serve(argv: list[str]) -> None:
-    """moto's server on `-H HOST -p PORT`, answering HTTP/1.1 and keeping connections open."""
+    """moto's server on `-H HOST -p PORT` (and every `--also-port`), answering HTTP/1.1,
+    keeping connections open and counting the requests it serves."""
     import argparse
     import signal
+    import threading
 
     from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
-    from werkzeug.serving import run_simple
+    from werkzeug.serving import make_server, run_simple
 
     parser = argparse.ArgumentParser(prog="python -m sqsinfer.lab.standin")
     parser.add_argument("-H", "--host", default="127.0.0.1")
     parser.add_argument("-p", "--port", type=int, default=5000)
+    parser.add_argument("--also-port", type=int, action="append", default=[])
     args = parser.parse_args(argv)
     os.environ.setdefault("MOTO_PORT", str(args.port))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     make_atomic()
     send_events_as_aws_does()
     app = DomainDispatcherApplication(create_backend_app)
-    run_simple(args.host, args.port, app, threaded=True, request_handler=_keep_alive_handler())
+    handler = _keep_alive_handler(counting.RequestCounter())
+    for port in args.also_port:  # the same app: one set of buckets and queues behind all
+        server = make_server(args.host, port, app, threaded=True, request_handler=handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    run_simple(args.host, args.port, app, threaded=True, request_handler=handler)
 
 
 def make_atomic() -> None:
