@@ -236,9 +236,17 @@ def encode(spans: Sequence[ReadableSpan]) -> bytes:
 class Exporter(OTLPSpanExporter):
     """The SDK's OTLP/HTTP exporter, configured as it is, with the request encoded by `encode`."""
 
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+    def own_client(self) -> Any | None:
+        """The SDK's HTTP client that takes encoded bytes (the SDK from 1.45 has one), or
+        None: then each export is the SDK's own, its encoder included."""
         client = getattr(self, "_client", None)
         if client is None or getattr(self, "_shutdown", True) or not hasattr(client, "export"):
+            return None
+        return client
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        client = self.own_client()
+        if client is None:
             return super().export(spans)
         try:
             data = encode(spans)
