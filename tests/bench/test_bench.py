@@ -90,22 +90,34 @@ def test_quick_run_with_the_onnx_handler(tmp_path):
 
 
 def test_quick_run_of_the_traced_worker_reports_what_tracing_costs(tmp_path):
-    """The worker traced, every span exported to the bench's receiver, paired with the
-    untraced worker: the difference of the worker process's CPU per task is reported."""
+    """The worker traced, every span exported to the bench's receiver, side by side with
+    the untraced worker in one window: the difference of the worker process's CPU per
+    task is reported; the micro-benchmark exported every span of every task."""
     out = tmp_path / "out"
     argv = [sys.executable, "-m", "sqsinfer", "bench", "--quick", "--out-dir", str(out)]
     argv += ["--scenarios", "sqsinfer,sqsinfer-traced", "--cache-dir", str(tmp_path / "cache")]
     env = {k: v for k, v in os.environ.items() if k != "OTEL_SDK_DISABLED"}
+    refused = subprocess.run(
+        [*argv, "--side-by-side"], capture_output=True, text=True, check=False, env=env
+    )
+    assert refused.returncode == 2 and "--side-by-side needs --rate" in refused.stderr
+    argv += ["--side-by-side", "--rate", "20"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=170, check=False, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "quick / sqsinfer + sqsinfer-traced" in done.stderr  # one group, one window
     found = json.loads((out / "bench-quick.json").read_text())
+    assert found["settings"]["side_by_side"] is True
     traced = found["scenarios"]["sqsinfer-traced"]
     assert "error" not in traced and traced["tasks"] > 0
+    assert found["scenarios"]["sqsinfer"]["tasks"] > 0
+    assert isinstance(found["ratios"]["traced_window_slowdown"], float)
     assert traced["traces_exported"]["requests"] > 0 and traced["traces_exported"]["bytes"] > 0
     assert "traces_exported" not in found["scenarios"]["sqsinfer"]  # untraced, not exported
     assert isinstance(found["ratios"]["tracing_cpu_ms_per_task"], float)
     hooks = found["tracing_hooks"]
     assert hooks["flushed"] and hooks["exported_bytes_per_task"] > 0
+    # A task, its GET, wait, compute, PUT and delete; a receive and a delete call per five.
+    assert hooks["exported_spans_per_task"] == 6.4
     assert hooks["traced_cpu_ms_per_task"] > hooks["off_cpu_ms_per_task"] > 0
     assert 0 < hooks["calls_cpu_ms_per_task"] < hooks["traced_cpu_ms_per_task"]
     assert "tracing (every task" in done.stdout and "tracing alone" in done.stdout
@@ -380,6 +392,20 @@ def test_tracing_cost_is_the_traced_workers_process_cpu_beyond_the_untraced_one(
     assert found["tracing_cpu_ms_per_task"] == pytest.approx(0.2)
     checks = report.targets("medium", found, None, None)
     assert checks["tracing_cpu_ms_per_task"] == {"target": "<= 0.3", "measured": 0.2, "met": True}
+
+
+def test_tracing_cost_adjusted_for_a_slower_window_scales_the_untraced_worker_by_the_pools():
+    """The pool did the same compute 20 % slower in the traced window: the untraced
+    worker's 4 ms would have been 4.8 there, so tracing cost 5.0 - 4.8 = 0.2 ms."""
+    scenarios = {
+        "sqsinfer": {"cpu_s_per_task": 0.029, "cpu_s_per_task_outside_spawned": 0.004},
+        "sqsinfer-traced": {"cpu_s_per_task": 0.035, "cpu_s_per_task_outside_spawned": 0.005},
+    }
+    found = report.ratios(scenarios)
+    assert found["tracing_cpu_ms_per_task"] == pytest.approx(1.0)
+    assert found["traced_window_slowdown"] == pytest.approx(1.2)
+    assert found["tracing_cpu_ms_per_task_adjusted"] == pytest.approx(0.2)
+    assert report.ratios({"sqsinfer": scenarios["sqsinfer"]})["traced_window_slowdown"] is None
 
 
 def test_ratios_are_taken_within_each_run_then_their_median():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from sqsinfer import cli, tracing
@@ -150,3 +152,30 @@ def test_the_service_is_named_sqsinfer_unless_the_variables_name_it(traces_on):
     assert (resource["service.name"], resource["service.instance.id"]) == ("scoring", "mine")
     assert resource["team"] == "ml"
     tracer.shutdown(1.0)
+
+
+def test_a_console_export_shows_each_step_as_a_span_of_its_task(traces_on, capsys):
+    """Another exporter than sqsinfer's OTLP one takes the SDK's spans: a task's steps come
+    to it as spans of their own, children of the task's, a step still open at the task's
+    end as well (exported when it ends)."""
+    traces_on.setenv("OTEL_TRACES_EXPORTER", "console")
+    tracer = tracing.from_env(service_instance="pod-1", component="worker")
+    message = Message("m1", "rh", "{}", 1)
+    tracer.received("https://sqs.eu-west-1.amazonaws.com/123456789012/q", 0.01, [message])
+    task = message.trace
+    task.phase("s3_get", 0.002)
+    task.compute(0.01, {"decode_s": 0.001, "infer_s": 0.005, "encode_s": 0.001, "rows": 3})
+    late = task.step("delete")
+    late.__enter__()
+    task.finish("committed", "", 0.05, None)
+    task.end()
+    late.__exit__(None, None, None)
+    assert tracer.shutdown(5.0)
+    printed = json.loads("[" + capsys.readouterr().out.replace("}\n{", "},{") + "]")
+    by_name = {span["name"]: span for span in printed}
+    assert set(by_name) == {"ReceiveMessage q", "process q", "GET input", "compute", "delete"}
+    own = by_name["process q"]["context"]["span_id"]
+    assert {by_name[n]["parent_id"] for n in ("GET input", "compute", "delete")} == {own}
+    assert [e["name"] for e in by_name["compute"]["events"]] == ["decode", "predict", "encode"]
+    trace_id = by_name["process q"]["context"]["trace_id"]
+    assert {by_name[n]["context"]["trace_id"] for n in ("compute", "delete")} == {trace_id}

@@ -29,7 +29,8 @@ examples:
   sqsinfer bench --quick               # a smoke run in under a minute (asserts no speed)
   sqsinfer bench --regime medium --repeat 3 --plot
   sqsinfer bench --handler onnx --regime medium   # an ONNX MLP of the same cost per task
-  sqsinfer bench --regime medium --scenarios sqsinfer,sqsinfer-traced   # tracing's CPU
+  sqsinfer bench --regime medium --scenarios sqsinfer,sqsinfer-traced \
+      --side-by-side --rate 10 --tasks 500 --max-window-s 50      # tracing's CPU
   sqsinfer bench --regime chained --next-queue standard   # two stages, calls and their cost
 The chained regime runs two workers, stage 2 fed by stage 1 through a standard or FIFO
 next queue, beside stage 1 alone (unchained): end-to-end tasks/s, each stage's CPU, and
@@ -99,6 +100,13 @@ def add_parser(sub: Any) -> None:
         default=0,
         help="paired runs (every scenario once per run); medians and ranges are reported "
         "(default 3; 1 with --quick)",
+    )
+    p.add_argument(
+        "--side-by-side",
+        action="store_true",
+        help="run the worker scenarios named (sqsinfer, sqsinfer-traced) at once, each on its "
+        "own queue, in one window: their difference then shares the machine's speed; "
+        "feed with --rate",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the model and inputs (0)")
     p.add_argument("--out-dir", default="bench-results", help="where JSON, logs, chart go")

@@ -152,6 +152,7 @@ def _extras(args: argparse.Namespace, ctx: runner.Context) -> dict[str, Any]:
             "handler": ctx.handler,
             "repeat": args.repeat,
             "profiled": bool(args.profile),
+            "side_by_side": bool(args.side_by_side),
         },
         "workload": {
             "model_mb": round(os.path.getsize(ctx.model_path) / 1e6, 2),
@@ -181,23 +182,41 @@ def _run_scenarios(
     s3, sqs = standin.clients(moto.url, ctx.region)
     runs: dict[str, list[dict[str, Any]]] = {}
     for attempt in range(args.repeat):
-        for scenario in _scenarios(args):
+        suffix = f" (run {attempt + 1}/{args.repeat})" if args.repeat > 1 else ""
+        for group in _groups(args):
             moto.reset()
-            suffix = f" (run {attempt + 1}/{args.repeat})" if args.repeat > 1 else ""
-            _progress(f"  {ctx.regime.name} / {scenario.name}{suffix}")
+            names = " + ".join(s.name for s in group)
+            _progress(f"  {ctx.regime.name} / {names}{suffix}")
             started = time.monotonic()
-            try:
-                result = runner.run_scenario(ctx, scenario, s3, sqs)
-            except runner.ScenarioFailed as exc:
-                result = {"label": scenario.label, "error": str(exc)}
-                _progress(f"    FAILED: {exc}")
-            else:
-                _progress(
-                    f"    {result['tasks_per_s']:.2f} tasks/s over {result['tasks']} tasks "
-                    f"({time.monotonic() - started:.0f} s)"
-                )
-            runs.setdefault(scenario.name, []).append(result)
+            for name, result in _run_group(ctx, group, s3, sqs).items():
+                runs.setdefault(name, []).append(result)
+                if "error" not in result:
+                    _progress(
+                        f"    {name}: {result['tasks_per_s']:.2f} tasks/s over "
+                        f"{result['tasks']} tasks ({time.monotonic() - started:.0f} s)"
+                    )
     return runs
+
+
+def _groups(args: argparse.Namespace) -> list[list[runner.Scenario]]:
+    """Each scenario alone; with --side-by-side the workers named run together."""
+    scenarios = _scenarios(args)
+    workers = [s for s in scenarios if s.name in runner.WORKERS]
+    if not args.side_by_side or len(workers) < 2:
+        return [[s] for s in scenarios]
+    return [workers] + [[s] for s in scenarios if s.name not in runner.WORKERS]
+
+
+def _run_group(
+    ctx: runner.Context, group: list[runner.Scenario], s3: Any, sqs: Any
+) -> dict[str, dict[str, Any]]:
+    try:
+        if len(group) > 1:
+            return runner.run_together(ctx, group, s3, sqs)
+        return {group[0].name: runner.run_scenario(ctx, group[0], s3, sqs)}
+    except runner.ScenarioFailed as exc:
+        _progress(f"    FAILED: {exc}")
+        return {s.name: {"label": s.label, "error": str(exc)} for s in group}
 
 
 def write_json(out_dir: str, found: dict[str, Any]) -> str:
@@ -231,6 +250,10 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     if not args.rate >= 0:  # NaN too
         print("sqsinfer bench: --rate must be 0 (no limit) or more", file=sys.stderr)
+        return 2
+    if args.side_by_side and not args.rate:
+        # Unfed by a rate, workers side by side race for the CPUs: neither measures itself.
+        print("sqsinfer bench: --side-by-side needs --rate (tasks/s each)", file=sys.stderr)
         return 2
     args.repeat = args.repeat or (1 if args.quick else 3)
     regimes = _regimes(args)

@@ -129,6 +129,43 @@ def ratios(scenarios: dict[str, dict[str, Any]]) -> dict[str, Any]:
     found["tracing_cpu_ms_per_task"] = (
         None if traced is None or outside is None else round((traced - outside) * 1000, 3)
     )
+    found.update(_speed_adjusted(ours, scenarios.get("sqsinfer-traced")))
+    return found
+
+
+def _pool_cpu_s(scenario: dict[str, Any]) -> float | None:
+    """The pool's CPU per task: the same inputs through the same model in every run."""
+    whole, outside = scenario.get("cpu_s_per_task"), scenario.get("cpu_s_per_task_outside_spawned")
+    return None if whole is None or outside is None else float(whole) - float(outside)
+
+
+def _speed_adjusted(ours: dict[str, Any] | None, traced: dict[str, Any] | None) -> dict[str, Any]:
+    """Tracing's cost with the untraced worker's CPU scaled by how much slower the machine
+    ran the traced window, as the pool's processes measured it (the same compute in both).
+
+    A shared VM's speed drifts by tens of % from one window to the next (its neighbours,
+    its clock): the pool's CPU per task for the very same work has differed by 45 %
+    between the two halves of a pair, which moved the worker's own CPU by about as much
+    and a raw difference by ten times the cost looked for.
+    """
+    found: dict[str, Any] = {
+        "traced_window_slowdown": None,
+        "tracing_cpu_ms_per_task_adjusted": None,
+    }
+    if not ours or not traced:
+        return found
+    base, slower = _pool_cpu_s(ours), _pool_cpu_s(traced)
+    outside, traced_outside = (
+        ours.get("cpu_s_per_task_outside_spawned"),
+        traced.get("cpu_s_per_task_outside_spawned"),
+    )
+    if not base or slower is None or outside is None or traced_outside is None:
+        return found
+    slowdown = slower / base
+    found["traced_window_slowdown"] = round(slowdown, 3)
+    found["tracing_cpu_ms_per_task_adjusted"] = round(
+        (float(traced_outside) - float(outside) * slowdown) * 1000, 3
+    )
     return found
 
 

@@ -323,13 +323,39 @@ class Tracker:
             return {}
 
     def wait_for(self, count: int, until: float) -> None:
-        while len(self.finished) < count and time.monotonic() < until:
-            self.poll()
-            if time.monotonic() - self.last_progress > _STALL_S:
-                raise ScenarioFailed(
-                    f"no task finished for {_STALL_S:.0f} s:\n{self.tail.tail_text()}"
-                )
-            time.sleep(POLL_S)
+        wait_all([self], [count], until)
+
+    def check_progress(self) -> None:
+        if time.monotonic() - self.last_progress > _STALL_S:
+            raise ScenarioFailed(f"no task finished for {_STALL_S:.0f} s:\n{self.tail.tail_text()}")
+
+
+def wait_all(trackers: list[Tracker], counts: list[int], until: float) -> None:
+    """Until each tracker has seen its count of finished tasks, or `until`; every one
+    polled meanwhile (so each feeder keeps its queue topped up)."""
+    while time.monotonic() < until:
+        for tracker in trackers:
+            tracker.poll()
+            tracker.check_progress()
+        if all(len(t.finished) >= n for t, n in zip(trackers, counts, strict=True)):
+            return
+        time.sleep(POLL_S)
+
+
+def measure_together(ctx: Context, trackers: list[Tracker]) -> list[tuple[Snapshot, Snapshot]]:
+    """One window for all of them, opened and closed at once: side by side, the machine's
+    speed (which drifts on a shared VM) is the same for each."""
+    regime = ctx.regime
+    for tracker in trackers:
+        tracker.last_progress = time.monotonic()
+    wait_all(trackers, [regime.warmup_tasks] * len(trackers), float("inf"))
+    firsts = [t.snapshot(ctx.moto_pid) for t in trackers]
+    wanted = [first.done + regime.tasks for first in firsts]
+    wait_all(trackers, wanted, firsts[0].at + regime.max_window_s)
+    lasts = [t.snapshot(ctx.moto_pid) for t in trackers]
+    for tracker in trackers:
+        tracker.launched.tree.record_peaks()
+    return list(zip(firsts, lasts, strict=True))
 
 
 def measure(ctx: Context, tracker: Tracker, profile_path: str = "") -> tuple[Snapshot, Snapshot]:
@@ -524,7 +550,21 @@ def _trace_env(receiver: OtlpReceiver) -> dict[str, str]:
     return receiver.exporter_env() | chosen
 
 
-def run_scenario(ctx: Context, scenario: Scenario, s3: Any, sqs: Any) -> dict[str, Any]:
+@dataclass
+class Started:
+    """A scenario's process tree launched on its own queue and bucket."""
+
+    scenario: Scenario
+    tracker: Tracker
+    feeder: feeding.Backlog | None
+    receiver: OtlpReceiver | None
+    traces: dict[str, str] | None
+
+
+def _start(
+    ctx: Context, scenario: Scenario, s3: Any, sqs: Any, stack: contextlib.ExitStack
+) -> Started:
+    """Resources, a receiver for its traces, the tree (stopped when `stack` closes)."""
     name = scenario.name
     res = None
     feeder = None
@@ -536,33 +576,69 @@ def run_scenario(ctx: Context, scenario: Scenario, s3: Any, sqs: Any) -> dict[st
             ctx.in_flight(name),
             ctx.rate_per_s,
         )
+    receiver = stack.enter_context(_receiver(name))
+    traces = _trace_env(receiver) if receiver is not None else None
+    launched = launch(ctx, name, res, traces)
+    stack.callback(stop, launched)
+    return Started(scenario, Tracker(launched, feeder), feeder, receiver, traces)
+
+
+def _result(ctx: Context, started: Started, first: Snapshot, last: Snapshot) -> dict[str, Any]:
+    name, tracker = started.scenario.name, started.tracker
+    result = summarize(ctx, name, tracker, first, last)
+    if name in WORKERS:
+        _sqsinfer_extras(result, tracker, first, last)
+    return result
+
+
+def _finish(ctx: Context, started: Started, result: dict[str, Any]) -> dict[str, Any]:
+    """What is known once the tree has stopped: its traces, its feeder's count, its log."""
+    scenario, launched = started.scenario, started.tracker.launched
+    receiver, traces = started.receiver, started.traces or {}
+    if receiver is not None:
+        result["traces_exported"] = {
+            "requests": receiver.requests,
+            "bytes": receiver.received_bytes,
+            "sampler": " ".join(traces.get(k, "") for k in _SAMPLER_VARIABLES).strip(),
+        }
+    result["label"] = scenario.label
+    result["in_flight"] = ctx.in_flight(scenario.name) if scenario.uses_queue else ctx.processes
+    if started.feeder is not None:
+        result["messages_sent"] = started.feeder.feeder.sent
+    result["log"] = launched.log_path
+    return result
+
+
+def run_scenario(ctx: Context, scenario: Scenario, s3: Any, sqs: Any) -> dict[str, Any]:
+    name = scenario.name
     profile_path = ""
     if ctx.profile and name in WORKERS:
         profile_path = os.path.join(ctx.work_dir, f"profile-{ctx.regime.name}-{name}.txt")
-    with _receiver(name) as receiver:
-        traces = _trace_env(receiver) if receiver is not None else None
-        launched = launch(ctx, name, res, traces)
-        try:
-            tracker = Tracker(launched, feeder)
-            tracker.facts["startup_wall_s"] = round(tracker.wait_ready(), 3)
-            first, last = measure(ctx, tracker, profile_path)
-            result = summarize(ctx, name, tracker, first, last)
-            if name in WORKERS:
-                _sqsinfer_extras(result, tracker, first, last)
-        finally:
-            stop(launched)
-        if receiver is not None:
-            result["traces_exported"] = {
-                "requests": receiver.requests,
-                "bytes": receiver.received_bytes,
-                "sampler": " ".join((traces or {}).get(k, "") for k in _SAMPLER_VARIABLES).strip(),
-            }
+    with contextlib.ExitStack() as stack:
+        started = _start(ctx, scenario, s3, sqs, stack)
+        tracker = started.tracker
+        tracker.facts["startup_wall_s"] = round(tracker.wait_ready(), 3)
+        first, last = measure(ctx, tracker, profile_path)
+        result = _result(ctx, started, first, last)
     if profile_path and os.path.exists(profile_path):
-        found = profile.summarize(profile_path, launched.process.pid)
+        found = profile.summarize(profile_path, tracker.launched.process.pid)
         result["profile"] = found | {"file": profile_path}
-    result["label"] = scenario.label
-    result["in_flight"] = ctx.in_flight(name) if scenario.uses_queue else ctx.processes
-    if feeder is not None:
-        result["messages_sent"] = feeder.feeder.sent
-    result["log"] = launched.log_path
-    return result
+    return _finish(ctx, started, result)
+
+
+def run_together(
+    ctx: Context, scenarios: list[Scenario], s3: Any, sqs: Any
+) -> dict[str, dict[str, Any]]:
+    """The scenarios side by side, each on its own queue and bucket, measured in one
+    window (`measure_together`); the stand-in's and the bench's CPU are then theirs
+    together. Each is fed at `--rate`: give one that each of them keeps up with."""
+    with contextlib.ExitStack() as stack:
+        started = [_start(ctx, scenario, s3, sqs, stack) for scenario in scenarios]
+        for one in started:
+            one.tracker.facts["startup_wall_s"] = round(one.tracker.wait_ready(), 3)
+        windows = measure_together(ctx, [one.tracker for one in started])
+        results = [_result(ctx, one, *window) for one, window in zip(started, windows, strict=True)]
+    return {
+        one.scenario.name: _finish(ctx, one, result)
+        for one, result in zip(started, results, strict=True)
+    }

@@ -25,8 +25,10 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext
+from opentelemetry.trace.status import Status
 
 from sqsinfer.logs import Event
+from sqsinfer.tracing.sdk import Spans, expand
 
 log = logging.getLogger("sqsinfer.tracing")
 
@@ -116,16 +118,35 @@ def _flags(context: SpanContext | None) -> int:
     return _HAS_IS_REMOTE | _IS_REMOTE if remote else _HAS_IS_REMOTE
 
 
+_LOCAL = b"\x85\x01" + _FIXED32.pack(_HAS_IS_REMOTE)  # the flags of a span of a local parent
+_REMOTE = b"\x85\x01" + _FIXED32.pack(_HAS_IS_REMOTE | _IS_REMOTE)
+_NO_STATUS = b"\x7a\x00"
+
+
+def _state(context: SpanContext) -> bytes:
+    if not context.trace_state:
+        return b""
+    state = ",".join(f"{k}={v}" for k, v in context.trace_state.items())
+    return _field(0x1A, state.encode())
+
+
+def _status(status: Status) -> bytes:
+    if not status.description and not status.status_code.value:
+        return _NO_STATUS
+    body = _field(0x12, status.description.encode()) if status.description else b""
+    if status.status_code.value:
+        body += b"\x18" + _varint(status.status_code.value)
+    return _field(0x7A, body)
+
+
 def _span(span: ReadableSpan) -> bytes:
     context = span.get_span_context()
     assert context is not None
     parts = [
         b"\x0a\x10" + context.trace_id.to_bytes(16, "big"),
         b"\x12\x08" + context.span_id.to_bytes(8, "big"),
+        _state(context),
     ]
-    if context.trace_state:
-        state = ",".join(f"{k}={v}" for k, v in context.trace_state.items())
-        parts.append(_field(0x1A, state.encode()))
     if span.parent is not None:
         parts.append(b"\x22\x08" + span.parent.span_id.to_bytes(8, "big"))
     parts.append(_field(0x2A, span.name.encode()))
@@ -138,13 +159,43 @@ def _span(span: ReadableSpan) -> bytes:
     if span.dropped_attributes:
         parts.append(b"\x50" + _varint(span.dropped_attributes))
     parts.extend(_events_and_links(span))
-    status = span.status
-    body = _field(0x12, status.description.encode()) if status.description else b""
-    if status.status_code.value:
-        body += b"\x18" + _varint(status.status_code.value)
-    parts.append(_field(0x7A, body))
-    parts.append(b"\x85\x01" + _FIXED32.pack(_flags(span.parent)))
+    parts.append(_status(span.status))
+    parts.append(_REMOTE if span.parent is not None and span.parent.is_remote else _LOCAL)
     return b"".join(parts)
+
+
+def _steps(spans: Spans) -> list[bytes]:
+    """The steps of a task, as `_span` encodes each of `spans.readable()`: in the task's
+    trace, each a child of its span (a local parent), with no links and nothing dropped."""
+    context = spans.context
+    head = b"\x0a\x10" + context.trace_id.to_bytes(16, "big")
+    tail = _state(context) + b"\x22\x08" + context.span_id.to_bytes(8, "big")
+    found = []
+    for span_id, name, kind, start, end, attributes, events, status in spans.steps:
+        parts = [
+            head,
+            b"\x12\x08" + span_id.to_bytes(8, "big"),
+            tail,
+            _field(0x2A, name.encode()),
+            b"\x30" + _varint(kind.value + 1),
+            b"\x39" + _FIXED64.pack(start) if start else b"",
+            b"\x41" + _FIXED64.pack(end) if end else b"",
+            _attributes(0x4A, attributes),
+        ]
+        for event_name, event_attributes, at in events:
+            body = b"\x09" + _FIXED64.pack(at) + _field(0x12, event_name.encode())
+            parts.append(_field(0x5A, body + _attributes(0x1A, event_attributes)))
+        parts.append(_status(status))
+        parts.append(_LOCAL)
+        found.append(b"".join(parts))
+    return found
+
+
+def _encoded(item: ReadableSpan | Spans) -> list[bytes]:
+    """The spans of what the span processor queued: a `ReadableSpan`, or `Spans`."""
+    if not isinstance(item, Spans):
+        return [_span(item)]
+    return [_span(item.head()), *_steps(item)]
 
 
 def _events_and_links(span: ReadableSpan) -> list[bytes]:
@@ -205,13 +256,14 @@ def _scoped(scope: InstrumentationScope | None) -> tuple[bytes, bytes]:
     return _field(0x0A, _scope(scope)), tail
 
 
-def encode(spans: Sequence[ReadableSpan]) -> bytes:
-    """The serialized ExportTraceServiceRequest of `spans`, grouped by resource and scope."""
+def encode(spans: Sequence[ReadableSpan | Spans]) -> bytes:
+    """The serialized ExportTraceServiceRequest of `spans` (`Spans` as their `readable()`),
+    grouped by resource and scope."""
     grouped: dict[int, tuple[Resource, dict[Any, list[bytes]]]] = {}
     for span in spans:
         resource = span.resource
         by_scope = grouped.setdefault(id(resource), (resource, {}))[1]
-        by_scope.setdefault(span.instrumentation_scope or None, []).append(_span(span))
+        by_scope.setdefault(span.instrumentation_scope or None, []).extend(_encoded(span))
     merged: list[tuple[Resource, dict[Any, list[bytes]]]] = []
     for resource, by_scope in grouped.values():  # equal resources, distinct objects: one group
         same = next((m for m in merged if m[0] == resource), None)
@@ -244,10 +296,10 @@ class Exporter(OTLPSpanExporter):
             return None
         return client
 
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+    def export(self, spans: Sequence[ReadableSpan | Spans]) -> SpanExportResult:
         client = self.own_client()
         if client is None:
-            return super().export(spans)
+            return super().export(expand(spans))
         try:
             data = encode(spans)
         except Exception as exc:  # the SDK's encoder says so and drops the batch as well

@@ -11,16 +11,22 @@ facts are `sqsinfer.*` attributes.
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import SERVICE_NAME, OTELResourceDetector, Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    ConsoleSpanExporter,
+    SpanExporter,
+    SpanExportResult,
+)
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
@@ -121,7 +127,7 @@ def _otlp(environ: Mapping[str, str]) -> SpanExporter:
                 "grpc needs opentelemetry-exporter-otlp-proto-grpc installed "
                 "(the otel extra exports http/protobuf)",
             ) from None
-        return GrpcExporter()  # type: ignore[no-any-return]
+        return Expanded(GrpcExporter())
     raise ExternalConfigError(variable, f"{protocol!r}: use http/protobuf or grpc")
 
 
@@ -132,7 +138,7 @@ def _exporters(environ: Mapping[str, str]) -> list[SpanExporter]:
         if name == "otlp":
             found.append(_otlp(environ))
         elif name == "console":
-            found.append(ConsoleSpanExporter())
+            found.append(Expanded(ConsoleSpanExporter(out=sys.stdout)))  # as it is now
         elif name not in ("none", ""):
             raise ExternalConfigError(
                 "OTEL_TRACES_EXPORTER", f"{name!r}: sqsinfer exports to otlp, console or none"
@@ -190,26 +196,156 @@ def parent_context(message: Received) -> Context:
 
 
 # -- spans -------------------------------------------------------------------------------------
-class Recorder:
-    """Makes spans as the span processors receive every ended span, a `ReadableSpan`, and
-    hands each straight to them when it ends.
+# A step of a task, ended: (span id, name, kind, start ns, end ns, attributes or None,
+# events as (name, attributes, ns) tuples, status). It is in its task's trace, a child of
+# its span, sampled with it.
+Step = tuple[int, str, SpanKind, int, int, "Mapping[str, Any] | None", tuple[Any, ...], Status]
 
-    The SDK's tracer makes a live span first (a lock, attributes checked and copied one
-    by one, a copy again when it ends), which cost the worker about 0.25 ms of a traced
-    task's 0.8. The spans here are built once, when they end, from what the pipeline
-    measured. What the
-    tracer decides is decided here the same way, with the provider's own parts: the
-    sampler (OTEL_TRACES_SAMPLER), the id generator, the resource. Attributes are not
-    truncated to OTEL_ATTRIBUTE_* limits: sqsinfer's are few and short (an S3 URI is the
-    longest).
+
+class Spans:
+    """Spans that ended together, one item of the span processor's queue: a task's span
+    with its steps, or the span of a call alone.
+
+    The SDK's tracer makes a live span per step (a lock, attributes checked and copied,
+    a copy again when it ends) and the processor queues each; a traced task cost the
+    worker about 0.8 ms that way. A step here is a tuple appended to its task's list, and
+    the task's spans reach the processor as one item when the task ends: the exporter
+    (`otlp.Exporter`) encodes the tuples straight to OTLP, any other exporter is handed
+    the same spans as the SDK's `ReadableSpan`s (`expand`). So OTEL_BSP_MAX_QUEUE_SIZE and
+    OTEL_BSP_MAX_EXPORT_BATCH_SIZE count tasks (and calls), not spans.
+    """
+
+    __slots__ = (
+        "attributes",
+        "context",
+        "end_time",
+        "instrumentation_scope",
+        "kind",
+        "links",
+        "name",
+        "parent",
+        "resource",
+        "start_time",
+        "status",
+        "steps",
+    )
+
+    def __init__(
+        self,
+        recorder: Recorder,
+        context: SpanContext,
+        parent: SpanContext | None,
+        name: str,
+        kind: SpanKind,
+        *,
+        start_time: int,
+        end_time: int,
+        attributes: Mapping[str, Any] | None = None,
+        links: Sequence[Link] = (),
+        status: Status = _UNSET,
+        steps: Sequence[Step] = (),
+    ) -> None:
+        self.context = context  # what the span processor reads: only a sampled one is kept
+        self.parent = parent
+        self.name = name
+        self.kind = kind
+        self.start_time = start_time
+        self.end_time = end_time
+        self.attributes = attributes
+        self.links = links
+        self.status = status
+        self.steps = steps
+        self.resource = recorder.resource
+        self.instrumentation_scope = recorder.scope
+
+    def head(self) -> ReadableSpan:
+        """The first span (the task's, or the call's) as the SDK's exporters take it."""
+        return self._made(
+            name=self.name,
+            context=self.context,
+            parent=self.parent,
+            kind=self.kind,
+            attributes=self.attributes,
+            links=self.links,
+            status=self.status,
+            start_time=self.start_time,
+            end_time=self.end_time,
+        )
+
+    def readable(self) -> list[ReadableSpan]:
+        """All of them as the SDK's exporters take them."""
+        found = [self.head()]
+        for span_id, name, kind, start, end, attributes, events, status in self.steps:
+            context = _in_trace(self.context, span_id)
+            step = self._made(
+                name=name,
+                context=context,
+                parent=self.context,
+                kind=kind,
+                attributes=attributes,
+                events=[Event(n, a, at) for n, a, at in events],
+                status=status,
+                start_time=start,
+                end_time=end,
+            )
+            found.append(step)
+        return found
+
+    def _made(self, **fields: Any) -> ReadableSpan:
+        return ReadableSpan(
+            resource=self.resource, instrumentation_scope=self.instrumentation_scope, **fields
+        )
+
+
+def _in_trace(parent: SpanContext, span_id: int) -> SpanContext:
+    """The context of a step: in its task's trace and sampling."""
+    return SpanContext(
+        parent.trace_id,
+        span_id,
+        is_remote=False,
+        trace_flags=parent.trace_flags,
+        trace_state=parent.trace_state,
+    )
+
+
+def expand(items: Sequence[Any]) -> list[ReadableSpan]:
+    """The `ReadableSpan`s of what a span processor hands its exporter."""
+    found: list[ReadableSpan] = []
+    for item in items:
+        found.extend(item.readable() if isinstance(item, Spans) else (item,))
+    return found
+
+
+class Expanded(SpanExporter):
+    """An SDK exporter (console, OTLP/gRPC) fed `Spans` as the `ReadableSpan`s it takes."""
+
+    def __init__(self, exporter: SpanExporter) -> None:
+        self.exporter = exporter
+
+    def export(self, spans: Sequence[Any]) -> SpanExportResult:
+        return self.exporter.export(expand(spans))
+
+    def shutdown(self) -> None:
+        self.exporter.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.exporter.force_flush(timeout_millis)
+
+
+class Recorder:
+    """Decides a span's context as the SDK's tracer would, with the provider's own parts
+    (the sampler, OTEL_TRACES_SAMPLER; the id generator; the resource), and hands ended
+    spans to the span processors as `Spans`. Attributes are not truncated to the
+    OTEL_ATTRIBUTE_* limits: sqsinfer's are few and short (an S3 URI is the longest).
     """
 
     def __init__(self, provider: TracerProvider, processors: Sequence[SpanProcessor]) -> None:
-        self._resource = provider.resource
+        self.resource = provider.resource
+        self.scope = InstrumentationScope("sqsinfer", __version__)
+        self.span_id = provider.id_generator.generate_span_id
         self._ids = provider.id_generator
         self._sampler = provider.sampler
         self._processors = tuple(processors)
-        self._scope = InstrumentationScope("sqsinfer", __version__)
 
     def start(
         self,
@@ -234,104 +370,88 @@ class Recorder:
             flags |= getattr(TraceFlags, "RANDOM_TRACE_ID", 0)
         context = SpanContext(
             trace_id,
-            self._ids.generate_span_id(),
+            self.span_id(),
             is_remote=False,
             trace_flags=TraceFlags(flags),
             trace_state=decided.trace_state,
         )
         return context, parent_context
 
-    def emit(
-        self,
-        context: SpanContext,
-        parent: SpanContext | None,
-        name: str,
-        start_ns: int,
-        end_ns: int,
-        *,
-        kind: SpanKind = SpanKind.INTERNAL,
-        attributes: Mapping[str, Any] | None = None,
-        events: Sequence[Event] = (),
-        links: Sequence[Link] = (),
-        status: Status = _UNSET,
-    ) -> None:
-        """An ended span to every processor (only a sampled one is exported)."""
-        span = ReadableSpan(
-            name=name,
-            context=context,
-            parent=parent,
-            resource=self._resource,
-            attributes=attributes,
-            events=events,
-            links=links,
-            kind=kind,
-            status=status,
-            start_time=start_ns,
-            end_time=end_ns,
-            instrumentation_scope=self._scope,
-        )
+    def emit(self, spans: Spans) -> None:
+        """Ended spans to every processor (only sampled ones are exported)."""
         for processor in self._processors:
-            processor.on_end(span)
+            processor.on_end(spans)  # type: ignore[arg-type]  # see `Spans`
 
-    def step_context(self, parent: SpanContext) -> SpanContext:
-        """The context of a step of a sampled task: in its trace and sampling."""
-        return SpanContext(
-            parent.trace_id,
-            self._ids.generate_span_id(),
-            is_remote=False,
-            trace_flags=parent.trace_flags,
-            trace_state=parent.trace_state,
-        )
 
-    def record(
-        self, parent: SpanContext, name: str, start_ns: int, end_ns: int, **fields: Any
-    ) -> None:
-        """A step of a sampled task, over already (`fields`: what `emit` takes besides)."""
-        self.emit(self.step_context(parent), parent, name, start_ns, end_ns, **fields)
+def _failed(error: type[BaseException] | None) -> Status:
+    # A cancel too: the step did not finish.
+    return _UNSET if error is None else Status(StatusCode.ERROR, error.__name__)
 
-    @contextlib.contextmanager
-    def timed(
+
+class Call:
+    """The span of a call made for several tasks, a trace of its own linked to each (a
+    context manager: the span is decided, and emitted if sampled, when the call ends)."""
+
+    __slots__ = ("_attributes", "_kind", "_links", "_name", "_recorder", "_start")
+
+    def __init__(
         self,
-        context: SpanContext,
-        parent: SpanContext | None,
+        recorder: Recorder,
         name: str,
         kind: SpanKind,
-        *,
-        attributes: Mapping[str, Any] | None,
-        links: Sequence[Link] = (),
-    ) -> Iterator[None]:
-        """The span of `context` around a call, ended (and emitted, if sampled) after it."""
-        start = time.time_ns()
-        status = _UNSET
-        try:
-            yield
-        except BaseException as exc:  # a cancel too: the step did not finish
-            status = Status(StatusCode.ERROR, type(exc).__name__)
-            raise
-        finally:
-            if context.trace_flags.sampled:
-                self.emit(
-                    context,
-                    parent,
-                    name,
-                    start,
-                    time.time_ns(),
-                    kind=kind,
-                    attributes=attributes,
-                    links=links,
-                    status=status,
-                )
+        attributes: dict[str, Any],
+        links: Sequence[Link],
+    ) -> None:
+        self._recorder = recorder
+        self._name = name
+        self._kind = kind
+        self._attributes = attributes
+        self._links = links
+        self._start = 0
 
-    def root(
-        self, name: str, kind: SpanKind, attributes: dict[str, Any], links: Sequence[Link]
-    ) -> contextlib.AbstractContextManager[None]:
-        """A span of its own trace around a call (a batch call made for several tasks)."""
-        context, _ = self.start(_ROOT, name, kind, attributes, links)
-        return self.timed(context, None, name, kind, attributes=attributes, links=links)
+    def __enter__(self) -> None:
+        self._start = time.time_ns()
+
+    def __exit__(self, error: type[BaseException] | None, *_: object) -> None:
+        end = time.time_ns()
+        name, kind, attributes, links = self._name, self._kind, self._attributes, self._links
+        context = self._recorder.start(_ROOT, name, kind, attributes, links)[0]
+        if context.trace_flags.sampled:
+            spans = Spans(
+                self._recorder, context, None, name, kind, start_time=self._start, end_time=end,
+                attributes=attributes, links=links, status=_failed(error),
+            )  # fmt: skip
+            self._recorder.emit(spans)
+
+
+class StepTimer:
+    """A step of a task around a call (a context manager): its span ends when the call does."""
+
+    __slots__ = ("_attributes", "_kind", "_name", "_start", "_task")
+
+    def __init__(
+        self, task: SdkTask, name: str, kind: SpanKind, attributes: Mapping[str, Any] | None
+    ) -> None:
+        self._task = task
+        self._name = name
+        self._kind = kind
+        self._attributes = attributes
+        self._start = 0
+
+    def __enter__(self) -> None:
+        self._start = time.time_ns()
+
+    def __exit__(self, error: type[BaseException] | None, *_: object) -> None:
+        end = time.time_ns()
+        self._task.add(
+            self._name, self._start, end, kind=self._kind, attributes=self._attributes,
+            status=_failed(error),
+        )  # fmt: skip
 
 
 class SdkTask(TaskTrace):
-    """One task's span (`process <queue>`, or `create <queue>` in `sqsinfer enqueue`)."""
+    """One task's span (`process <queue>`, or `create <queue>` in `sqsinfer enqueue`), and
+    its steps, emitted together when it ends."""
 
     __slots__ = (
         "_attributes",
@@ -345,6 +465,7 @@ class SdkTask(TaskTrace):
         "_recorder",
         "_start_ns",
         "_status",
+        "_steps",
         "recording",
     )
 
@@ -368,13 +489,37 @@ class SdkTask(TaskTrace):
         self._ended = False
         self._status = _UNSET
         self._outgoing: dict[str, dict[str, str]] | None = None
+        self._steps: list[Step] = []
         self.recording = self._context.trace_flags.sampled
+
+    def add(
+        self,
+        name: str,
+        start_ns: int,
+        end_ns: int,
+        *,
+        kind: SpanKind = SpanKind.INTERNAL,
+        attributes: Mapping[str, Any] | None = None,
+        events: tuple[Any, ...] = (),
+        status: Status = _UNSET,
+    ) -> None:
+        """A step, ended: kept until the task ends; emitted alone when that was before."""
+        step = (self._recorder.span_id(), name, kind, start_ns, end_ns, attributes, events, status)
+        if not self._ended:
+            self._steps.append(step)
+            return
+        context = _in_trace(self._context, step[0])
+        late = Spans(
+            self._recorder, context, self._context, name, kind, start_time=start_ns,
+            end_time=end_ns, attributes=attributes, status=status,
+        )  # fmt: skip
+        self._recorder.emit(late)
 
     def phase(self, phase: str, seconds: float) -> None:
         name = _PHASE_SPANS.get(phase)
         if name is not None and self.recording:
             end = time.time_ns()
-            self._recorder.record(self._context, name, end - _ns(seconds), end)
+            self.add(name, end - _ns(seconds), end)
 
     def compute(self, total_s: float, child: Mapping[str, Any]) -> None:
         """`compute`: the lease of a process, with the child's steps as events where they
@@ -388,17 +533,18 @@ class SdkTask(TaskTrace):
         at = start + _ns(max(0.0, total_s - spent_s) / 2)
         events = []
         for key, name in _CHILD_STEPS:
-            events.append(Event(name, {"sqsinfer.duration_s": float(child[key])}, at))
-            at += _ns(float(child[key]))
+            seconds = float(child[key])
+            events.append((name, {"sqsinfer.duration_s": seconds}, at))
+            at += _ns(seconds)
         rows = {"sqsinfer.rows": int(child.get("rows", 0))}
-        self._recorder.record(self._context, "compute", start, end, attributes=rows, events=events)
+        self.add("compute", start, end, attributes=rows, events=tuple(events))
 
     def step(
         self, name: str, kind: str = "internal", attributes: Mapping[str, Any] | None = None
     ) -> contextlib.AbstractContextManager[None]:
         if not self.recording:
             return contextlib.nullcontext()
-        return self._timed(name, _KINDS[kind], attributes)
+        return StepTimer(self, name, _KINDS[kind], attributes)
 
     def call(
         self, operation: str, destination: str, kind: str = "client"
@@ -406,13 +552,7 @@ class SdkTask(TaskTrace):
         if not self.recording:
             return contextlib.nullcontext()
         name, attributes = _call_attributes(operation, destination, 1)
-        return self._timed(name, _KINDS[kind], attributes)
-
-    def _timed(
-        self, name: str, kind: SpanKind, attributes: Mapping[str, Any] | None
-    ) -> contextlib.AbstractContextManager[None]:
-        step = self._recorder.step_context(self._context)
-        return self._recorder.timed(step, self._context, name, kind, attributes=attributes)
+        return StepTimer(self, name, _KINDS[kind], attributes)
 
     def outgoing(self) -> dict[str, dict[str, str]]:
         if self._outgoing is None:
@@ -475,16 +615,20 @@ class SdkTask(TaskTrace):
             return
         if error:
             self._status = Status(StatusCode.ERROR, error)
-        self._recorder.emit(
+        spans = Spans(
+            self._recorder,
             self._context,
             self._parent,
             self._name,
-            self._start_ns,
-            time.time_ns() if self._end_ns is None else self._end_ns,
-            kind=self._kind,
+            self._kind,
+            start_time=self._start_ns,
+            end_time=time.time_ns() if self._end_ns is None else self._end_ns,
             attributes=self._attributes,
             status=self._status,
+            steps=self._steps,
         )
+        self._steps = []
+        self._recorder.emit(spans)
 
     def exemplar(self) -> dict[str, str] | None:
         if not self.recording:
@@ -504,7 +648,7 @@ def batch_span(
     assert isinstance(first, SdkTask)
     name, attributes = _call_attributes(operation, destination, count)
     links = [Link(t.link) for t in traces]
-    return first._recorder.root(name, _KINDS[kind], attributes, links)
+    return Call(first._recorder, name, _KINDS[kind], attributes, links)
 
 
 def _call_attributes(operation: str, destination: str, count: int) -> tuple[str, dict[str, Any]]:
@@ -578,16 +722,11 @@ class SdkTracer(Tracer):
         links = [Link(link) for link in recorded]
         context, _ = self._recorder.start(_ROOT, name, SpanKind.CLIENT, attributes, links)
         if context.trace_flags.sampled:
-            self._recorder.emit(
-                context,
-                None,
-                name,
-                now - _ns(spent_s),
-                now,
-                kind=SpanKind.CLIENT,
-                attributes=attributes,
-                links=links,
-            )
+            spans = Spans(
+                self._recorder, context, None, name, SpanKind.CLIENT,
+                start_time=now - _ns(spent_s), end_time=now, attributes=attributes, links=links,
+            )  # fmt: skip
+            self._recorder.emit(spans)
 
     def produce(self, queue_url: str, task_id: str) -> TaskTrace:
         queue = queue_name(queue_url)
