@@ -5,7 +5,8 @@ JSON shape (one file per regime, `bench-<regime>.json`):
     {"schema": "sqsinfer-bench/1", "regime": "medium", "quick": false, "created": "...",
      "command": [...], "machine": {...}, "workload": {...}, "settings": {...},
      "scenarios": {"sqsinfer": {"tasks_per_s": .., "seconds_per_task": .., ...}, ...},
-     "ratios": {...}, "targets": {...}, "handoff": {...}, "pool_startup": {...}}
+     "ratios": {...}, "targets": {...}, "handoff": {...}, "pool_startup": {...},
+     "latency": {"profile": {...}, "added": {...}}}       (with --latency)
 
 `seconds_per_task` is process-seconds per task: processes ÷ tasks/s, what one
 inference process spends per task at steady state, overheads included.
