@@ -583,6 +583,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             slow_reads=parse_slow_reads(args.slow_read),
             **{name: getattr(args, name) for name in _RATES + _OPTIONS},
         )
+        plan.latency_model()  # a profile that exists, and not beside --latency-ms
     except ValueError as exc:
         print(f"proving.faults: {exc}", file=sys.stderr)
         return 2
