@@ -287,7 +287,7 @@ class Settings:
         if not s.allowed_output_prefixes and s.output_prefix is not None:
             s = dataclasses.replace(s, allowed_output_prefixes=(s.output_prefix,))
         if s.drain_deadline_s == 0:
-            s = dataclasses.replace(s, drain_deadline_s=s.task_time_s + _DRAIN_MARGIN_S)
+            s = dataclasses.replace(s, drain_deadline_s=drain_s(s.task_time_s, 0))
         if not s.model_dir:
             s = dataclasses.replace(s, model_dir=os.path.join(tempfile.gettempdir(), _MODEL_DIR))
         if not s.worker_id:
@@ -295,6 +295,12 @@ class Settings:
         for check in _CHECKS:
             check(s, require_queue)
         return s
+
+
+def drain_s(task_time_s: float, drain_deadline_s: float) -> float:
+    """How long started tasks may finish on SIGTERM: the setting, or (0) task_time_s and
+    their commit."""
+    return drain_deadline_s or task_time_s + _DRAIN_MARGIN_S
 
 
 def _convert(f: dataclasses.Field[Any], raw: Any) -> Any:
