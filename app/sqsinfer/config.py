@@ -28,7 +28,13 @@ from sqsinfer.limits import (
     SQS_MAX_VISIBILITY_S,
     SQS_MAX_WAIT_S,
 )
-from sqsinfer.lineage import MAX_HANDLER_NAME_BYTES, MAX_WORKER_ID_BYTES
+from sqsinfer.lineage import (
+    MAX_HANDLER_NAME_BYTES,
+    MAX_MODEL_OUTPUT_BYTES,
+    MAX_WORKER_ID_BYTES,
+    MODEL_OUTPUT,
+    value_problem,
+)
 from sqsinfer.messages import (
     S3Uri,
     check_placeholders,
@@ -144,6 +150,11 @@ class Settings:
     max_model_bytes: int = _opt(4 * 2**30, "largest model fetched from S3", int)
     handler: str = _opt(
         handlers.DEFAULT, "model handler: a short name (xgboost) or package.module:Class"
+    )
+    model_output: str = _opt(
+        "",
+        "the model output served, by name, for a model of several (onnx); default: its one "
+        "output, or a classifier's probabilities (its one float output beside an integer label)",
     )
     allowed_input_prefixes: tuple[S3Uri, ...] = _opt(
         (), "comma-separated s3:// prefixes inputs may be read from (required)", None
@@ -474,6 +485,12 @@ def _check_lineage(s: Settings, _: bool) -> None:
         len(s.handler.encode()) <= MAX_HANDLER_NAME_BYTES,
         "handler",
         f"is longer than {MAX_HANDLER_NAME_BYTES} bytes (it is written in every output's metadata)",
+    )
+    _require(
+        not s.model_output or not value_problem(MODEL_OUTPUT, s.model_output),
+        "model_output",
+        f"must be 1-{MAX_MODEL_OUTPUT_BYTES} printable ASCII characters (it is written in "
+        "every output's metadata)",
     )
     for prefix in (s.output_prefix, *s.allowed_output_prefixes):
         name = "output_prefix" if prefix is s.output_prefix else "allowed_output_prefixes"

@@ -350,6 +350,7 @@ def full_worker_values(tmp_path: Path) -> dict[str, Any]:
         model_path=str(tmp_path / "model.ubj"),
         model_sha256="ab" * 32,
         model_version="2026-11-a",
+        model_output="probabilities",
         model_dir="/tmp/models",
         allowed_input_prefixes=["s3://in-bucket/a/", "s3://in-bucket/b/"],
         output_prefix="s3://out-bucket/out/",

@@ -32,6 +32,7 @@ FORMS: dict[str, tuple[str, ...]] = {
     "model_dir": ("", "{tmp}/model"),
     "max_model_bytes": ("4294967296",),
     "handler": ("xgboost", "onnx", "tests.handlers:ScriptedHandler"),
+    "model_output": ("", "probabilities"),
     "allowed_input_prefixes": ("s3://{bucket}/in/", "s3://{bucket}/in/,s3://{bucket}/more/"),
     # Placeholders (doubled braces: these are format strings) filled from the model.
     "output_prefix": (

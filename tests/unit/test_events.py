@@ -181,9 +181,7 @@ def test_keys_no_task_can_be_made_of_are_refused_with_a_reason(key, reason):
         ("in/.../x.npy", "0=.../x", "out/.../x.npy"),  # three dots: a name like any other
     ],
 )
-def test_a_segment_of_dots_alone_is_escaped_in_the_task_id_and_the_output_key(
-    key, task_id, output
-):
+def test_a_segment_of_dots_alone_is_escaped_in_the_task_id_and_the_output_key(key, task_id, output):
     task = only_task(s3_body(record(quote_plus(key, safe="/"))), RULES)
     assert (task.task_id, task.input.key, task.output.key) == (task_id, key, output)
     # The next stage takes the output as the input of a task message, which refuses dots.
@@ -279,6 +277,13 @@ def test_an_output_made_from_another_input_or_version_is_told_apart():
     csv = only_task(s3_body(record("in/a.csv")))  # the same task id and output key
     assert (csv.task_id, csv.output) == (task.task_id, task.output)
     assert "another input key" in events.provenance_conflict(csv, made)
+    # A key that spells a dot segment's escape shares its output key (not its task id):
+    # whichever comes second is told apart by the input it was made from.
+    dots = only_task(s3_body(record("in/d/../e.npy")))
+    spelled = only_task(s3_body(record("in/d/%3D2E%3D2E/e.npy")))
+    assert dots.output == spelled.output and dots.task_id != spelled.task_id
+    dots_made = {"input-uri-sha256": events.input_digest(dots)}
+    assert "another input key" in events.provenance_conflict(spelled, dots_made)
     # A task message's output records nothing of its input, and is checked by owner alone.
     plain = dataclasses.replace(task, from_event=False)
     assert events.input_digest(plain) == "" and events.provenance_conflict(plain, made) == ""

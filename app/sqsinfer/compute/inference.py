@@ -22,7 +22,13 @@ import numpy as np
 
 from sqsinfer.compute import formats
 from sqsinfer.compute.errors import InputError, ModelLoadError
-from sqsinfer.compute.handlers import Handler, handler_version, import_handler
+from sqsinfer.compute.handlers import (
+    Handler,
+    choose_output,
+    handler_version,
+    import_handler,
+    output_served,
+)
 
 # Threads of native libraries must be pinned before they are imported in the child.
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
@@ -52,13 +58,17 @@ def init_process(
     threads: int,
     expected_sha256: str,
     max_decoded_bytes: int,
+    *,
+    model_output: str = "",
 ) -> None:
-    """Pool initializer: follow the parent, pin threads, check the model's hash, load it."""
+    """Pool initializer: follow the parent, pin threads, check the model's hash, load it
+    (serving `model_output`, by name, of a model of several)."""
     global _STATE  # noqa: PLW0603 - one model per process is the point
     exit_with_parent()
     for var in THREAD_VARS:
         os.environ[var] = str(threads)
     handler = import_handler(handler_path)
+    choose_output(handler, model_output, handler_path)
     if expected_sha256:
         _load_pinned(handler, model_path, threads, expected_sha256)
     else:
@@ -141,6 +151,8 @@ def start_process(
     threads: int,
     expected_sha256: str,
     max_decoded_bytes: int,
+    *,
+    model_output: str = "",
 ) -> dict[str, Any]:
     """The first call each new process runs: load the model, then one warm-up prediction.
 
@@ -149,7 +161,14 @@ def start_process(
     a process that died while loading (an OOM kill), which is worth another try.
     """
     try:
-        init_process(handler_path, model_path, threads, expected_sha256, max_decoded_bytes)
+        init_process(
+            handler_path,
+            model_path,
+            threads,
+            expected_sha256,
+            max_decoded_bytes,
+            model_output=model_output,
+        )
     except ModelLoadError:
         raise
     except Exception as exc:
@@ -192,7 +211,12 @@ def warm_up() -> dict[str, Any]:
     except InputError as exc:
         raise ModelLoadError(f"warm-up prediction refused its own input: {exc}") from None
     warmup_s = time.perf_counter() - started
-    return {"pid": os.getpid(), "warmup_s": warmup_s, "handler_version": handler_version(handler)}
+    return {
+        "pid": os.getpid(),
+        "warmup_s": warmup_s,
+        "handler_version": handler_version(handler),
+        "model_output": output_served(handler),
+    }
 
 
 def warm_up_input(handler: Handler) -> np.ndarray:

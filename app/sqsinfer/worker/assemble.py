@@ -48,6 +48,7 @@ def producer(s: config.Settings, found: Dependencies, pool: InferencePool) -> li
         handler_version=pool.handler_version or lineage.UNKNOWN_VERSION,
         worker=s.worker_id,
         model_version=s.model_version,
+        model_output=pool.model_output,
     )
 
 

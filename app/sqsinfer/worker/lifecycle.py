@@ -86,6 +86,7 @@ class Worker:
                 threads=settings.threads_per_process,
                 model_sha256=settings.model_sha256,
                 max_decoded_bytes=settings.max_decoded_bytes,
+                model_output=settings.model_output,
             ),
             self.metrics,
         )

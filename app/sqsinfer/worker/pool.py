@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import multiprocessing
 import os
@@ -51,12 +52,12 @@ _SPAWN_ATTEMPTS = 3
 _UNUSABLE_AFTER = 3
 
 
-def _written_version(version: str) -> str:
-    """The handler's version, refused when output metadata cannot carry it."""
-    problem = lineage.value_problem(lineage.HANDLER_VERSION, version)
+def _written(key: str, value: str, what: str) -> str:
+    """What the handler reports for output metadata (`key`), refused when it cannot go there."""
+    problem = lineage.value_problem(key, value)
     if problem:
-        raise ModelLoadError(f"the handler's version goes into every output's metadata: {problem}")
-    return version
+        raise ModelLoadError(f"{what} goes into every output's metadata: {problem}")
+    return value
 
 
 class PoolCrashed(Exception):
@@ -75,6 +76,7 @@ class PoolConfig:
     threads: int
     model_sha256: str
     max_decoded_bytes: int
+    model_output: str = ""  # by name, of a model of several ("": the handler's default)
 
 
 @dataclass(eq=False)
@@ -100,8 +102,10 @@ class InferencePool:
         self._closing = False
         self.startup_s = 0.0
         self.last_error = ""
-        # What the loaded handler reports as its version (for output metadata).
+        # What the loaded handler reports as its version, and the model output it serves
+        # ("" when the model has one), for output metadata.
         self.handler_version = ""
+        self.model_output = ""
         # Told when a restart fails or succeeds: the worker acts on `stalled` at once.
         self.on_change: Callable[[], None] | None = None
 
@@ -137,7 +141,7 @@ class InferencePool:
                 )
                 continue
             slot.executor, slot.pid = executor, int(info["pid"])
-            self.handler_version = _written_version(str(info.get("handler_version", "")))
+            self._note_lineage(info)
             break
         else:
             raise ModelLoadError(
@@ -149,6 +153,15 @@ class InferencePool:
             extra={"slot": slot.index, "pid": slot.pid, "warmup_s": round(info["warmup_s"], 4)},
         )
 
+    def _note_lineage(self, info: dict[str, Any]) -> None:
+        """What a loaded process reports for output metadata: the handler's version and
+        the model output it serves."""
+        version = str(info.get("handler_version", ""))
+        self.handler_version = _written(lineage.HANDLER_VERSION, version, "the handler's version")
+        served = str(info.get("model_output", ""))
+        what = "the name of the model output served"
+        self.model_output = served and _written(lineage.MODEL_OUTPUT, served, what)
+
     async def _spawn_once(self) -> tuple[ProcessPoolExecutor, dict[str, Any]]:
         c = self.config
         executor = ProcessPoolExecutor(max_workers=1, mp_context=self.context)
@@ -157,9 +170,10 @@ class InferencePool:
             # Any answer means the process is up and has opened the queues' semaphores.
             await loop.run_in_executor(executor, os.getpid)
             _unlink_semaphore_names(executor)
+            start = functools.partial(inference.start_process, model_output=c.model_output)
             info = await loop.run_in_executor(
                 executor,
-                inference.start_process,
+                start,
                 c.handler,
                 c.model_path,
                 c.threads,
