@@ -86,7 +86,8 @@ def is_fifo(url: str) -> bool:
 @dataclass(frozen=True)
 class FifoIds:
     """What a send to a FIFO queue must carry: the message's group (its order) and its
-    deduplication id (a second send with it within SQS's window is dropped)."""
+    deduplication id (a second send with it within SQS's window is dropped). To a
+    standard queue only the group goes (a fair queue's tenant), when there is one."""
 
     group_id: str
     deduplication_id: str
@@ -612,10 +613,10 @@ class Sender:
         return str(response["MessageId"])
 
     def _ids(self, fifo: FifoIds | None) -> FifoIds | None:
-        """The ids a send carries: a FIFO queue's own, none to a standard queue (which
-        refuses a deduplication id)."""
+        """The ids a send carries: a FIFO queue's own; to a standard queue the group alone
+        (a fair queue's tenant), never a deduplication id, which it refuses."""
         if not self.fifo:
-            return None
+            return FifoIds(fifo.group_id, "") if fifo is not None and fifo.group_id else None
         if fifo is None:
             raise ValueError(f"a send to the FIFO queue {self.url} needs a group and a dedup id")
         return fifo

@@ -654,10 +654,12 @@ class Pipeline:
 
     def _dead_letter_ids(self, held: Held, copy: DeadLetter, task_id: str | None) -> FifoIds | None:
         """A FIFO DLQ's ids for a copy: the message's own group (a redrive keeps its
-        order), else its task's; one copy of each message (or record) in SQS's window."""
-        if not self.dead_letters.fifo:
-            return None
+        order), else its task's; one copy of each message (or record) in SQS's window. On
+        a standard DLQ, a fair queue's message keeps its group (its tenant) alone, as the
+        redrive policy's move and `sqsinfer redrive` keep it."""
         message = held.message
+        if not self.dead_letters.fifo:
+            return FifoIds(message.group_id, "") if message.group_id else None
         group = message.group_id or message_group(task_id or message.message_id)
         return FifoIds(group, deduplication_id(f"{message.message_id}\n{copy.body}"))
 
