@@ -10,7 +10,7 @@ import argparse
 from typing import Any
 
 # sqsinfer.bench.workload.REGIMES, without numpy
-REGIME_NAMES = ("chained", "heavy", "medium", "quick")
+REGIME_NAMES = ("chained", "heavy", "medium", "quick", "small")
 HANDLERS = ("xgboost", "onnx")  # the model kinds a regime has (sqsinfer.bench.workload)
 NEXT_QUEUES = ("standard", "fifo")  # the chained regime's (sqsinfer.bench.chained)
 
@@ -32,9 +32,12 @@ examples:
   sqsinfer bench --regime medium --scenarios sqsinfer,sqsinfer-traced \
       --side-by-side --rate 10 --tasks 500 --max-window-s 50      # tracing's CPU
   sqsinfer bench --regime chained --next-queue standard   # two stages, calls and their cost
+  sqsinfer bench --regime small --repeat 3   # small tasks coalesced, beside each alone
 The chained regime runs two workers, stage 2 fed by stage 1 through a standard or FIFO
 next queue, beside stage 1 alone (unchained): end-to-end tasks/s, each stage's CPU, and
 its SQS and S3 calls per task as the stand-in served them, with their AWS price.
+The small regime runs tasks of 10 and 100 rows, coalesced and each alone: the pool fed
+from shared memory (no queue, no S3), then the worker (sqsinfer, sqsinfer-alone).
 Writes <out-dir>/bench-<regime>.json (bench-<regime>-onnx.json with --handler onnx; and
 bench.png with --plot, which needs matplotlib). With --handler onnx the scenarios are those
 that run the worker's handler: compute-only, sqsinfer, emulator-ceiling.

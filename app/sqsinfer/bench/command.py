@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 
 from sqsinfer import config
-from sqsinfer.bench import chained, handoff, report, runner, tracecost, workload
+from sqsinfer.bench import chained, handoff, report, runner, small, tracecost, workload
 from sqsinfer.lab import standin
 
 _FULL_REGIMES = ["medium", "heavy"]
@@ -88,6 +88,8 @@ def run_regime(
     ctx = _context(args, regime, model, moto, shared)
     if regime.name == "chained":
         return _run_chained(args, ctx, moto, cache_dir)
+    if regime.name == "small":
+        return _run_small(args, ctx, moto)
     if "handoff" not in shared:
         _progress("handoff micro-benchmark (2 MB array)")
         shared["handoff"] = asyncio.run(
@@ -174,6 +176,15 @@ def _run_chained(
     extras["settings"]["next_queues"] = variants[1:]
     extras["workload"]["stage2_model_sha256"] = _sha256(models["stage2"])
     return chained.build(ctx.regime, combined, per_run, extras)
+
+
+def _run_small(
+    args: argparse.Namespace, ctx: runner.Context, moto: standin.MotoServer
+) -> dict[str, Any]:
+    per_run = small.run_regime(
+        ctx, moto, repeat=args.repeat, quick=bool(args.quick), progress=_progress
+    )
+    return small.build(ctx.regime, per_run, _extras(args, ctx))
 
 
 def _run_scenarios(
@@ -272,6 +283,10 @@ def _run(args: argparse.Namespace) -> int:
             if "variants" in found:
                 print("\n" + chained.table(found) + f"\n(written to {path})\n", flush=True)
                 failed |= chained.failed(found)
+                continue
+            if found["regime"] == "small":
+                print("\n" + small.table(found) + f"\n(written to {path})\n", flush=True)
+                failed |= small.failed(found)
                 continue
             print("\n" + report.table(found) + f"\n(written to {path})\n", flush=True)
             reports.append(found)

@@ -86,6 +86,7 @@ class Worker:
                 threads=settings.threads_per_process,
                 model_sha256=settings.model_sha256,
                 max_decoded_bytes=settings.max_decoded_bytes,
+                coalesce_max_rows=settings.coalesce_max_rows if settings.coalesce else 0,
             ),
             self.metrics,
         )
@@ -169,7 +170,12 @@ class Worker:
         self._background.append(asyncio.create_task(self.pool.watch(), name="pool-watch"))
         log.info(
             Event.POOL_READY,
-            extra={"processes": s.processes, "startup_s": round(self.pool.startup_s, 3)},
+            extra={
+                "processes": s.processes,
+                "startup_s": round(self.pool.startup_s, 3),
+                # 0: no coalescing (switched off, or the handler does not allow it).
+                "coalesce_max_rows": self.pool.coalesce_max_rows,
+            },
         )
         pipeline = assemble.pipeline(s, clients, found, self.pool, self.metrics)
         pipeline.receive_ended = self._receive_ended

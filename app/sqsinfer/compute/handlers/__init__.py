@@ -44,6 +44,11 @@ class Handler(Protocol):
     Optional: `version`, a string written in every output's metadata (`handler-version`)
     once the model is loaded. Without it, the version of the installed distribution the
     handler's module comes from (`handler_version`).
+
+    Optional: `rows_independent = True`, the handler's word that each output row depends
+    on its input row alone, bit for bit, whatever other rows share the call. The worker
+    may then score the rows of several small tasks in one `predict` call and split the
+    result back per task (`rows_independent`). Without it, each task is its own call.
     """
 
     def load(self, model_path: str, threads: int) -> None: ...
@@ -68,6 +73,12 @@ def import_handler(name: str) -> Handler:
     if not isinstance(handler, Handler):
         raise ModelLoadError(f"handler {name!r} has no load()/predict()")
     return handler
+
+
+def rows_independent(handler: Handler) -> bool:
+    """Whether the handler lets several tasks' rows share one predict call: only when it
+    says so (`rows_independent = True`), never by default."""
+    return getattr(handler, "rows_independent", False) is True
 
 
 def handler_version(handler: Handler) -> str:
