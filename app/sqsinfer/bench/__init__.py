@@ -33,6 +33,7 @@ examples:
       --side-by-side --rate 10 --tasks 500 --max-window-s 50      # tracing's CPU
   sqsinfer bench --regime chained --next-queue standard   # two stages, calls and their cost
   sqsinfer bench --regime small --repeat 3   # small tasks coalesced, beside each alone
+  sqsinfer bench --regime small --rows 300 --rows 1000 --rows 3000   # where it stops paying
 The chained regime runs two workers, stage 2 fed by stage 1 through a standard or FIFO
 next queue, beside stage 1 alone (unchained): end-to-end tasks/s, each stage's CPU, and
 its SQS and S3 calls per task as the stand-in served them, with their AWS price.
@@ -65,6 +66,12 @@ def add_parser(sub: Any) -> None:
         "each beside the unchained baseline)",
     )
     p.add_argument("--quick", action="store_true", help="smoke run: small tasks, few of them")
+    p.add_argument(
+        "--rows",
+        type=int,
+        action="append",
+        help="the small regime's rows per task, repeatable (default: 10 and 100)",
+    )
     p.add_argument(
         "--handler",
         choices=HANDLERS,

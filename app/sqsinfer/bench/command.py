@@ -181,8 +181,9 @@ def _run_chained(
 def _run_small(
     args: argparse.Namespace, ctx: runner.Context, moto: standin.MotoServer
 ) -> dict[str, Any]:
+    counts = tuple(dict.fromkeys(args.rows or small.ROWS))
     per_run = small.run_regime(
-        ctx, moto, repeat=args.repeat, quick=bool(args.quick), progress=_progress
+        ctx, moto, counts=counts, repeat=args.repeat, quick=bool(args.quick), progress=_progress
     )
     return small.build(ctx.regime, per_run, _extras(args, ctx))
 
@@ -261,6 +262,9 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     if not args.rate >= 0:  # NaN too
         print("sqsinfer bench: --rate must be 0 (no limit) or more", file=sys.stderr)
+        return 2
+    if any(rows < 1 for rows in args.rows or ()):
+        print("sqsinfer bench: --rows must be at least 1", file=sys.stderr)
         return 2
     if args.side_by_side and not args.rate:
         # Unfed by a rate, workers side by side race for the CPUs: neither measures itself.

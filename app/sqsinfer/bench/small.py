@@ -1,15 +1,17 @@
 """The small regime: tasks of tens of rows, coalesced or each scored alone, side by side.
 
-For each row count (`ROWS`: 10 and 100 rows a task, the medium regime's model), two
-measurements, each with coalescing on and off:
+For each row count (`ROWS`: 10 and 100 rows a task by default, `--rows` for others; the
+medium regime's model), two measurements, each with coalescing on and off:
 
 - the pool: the worker's own `InferencePool` and `compute` (the path every task takes),
   fed from shared memory with as many tasks in flight as the worker would hold
   (processes × max_prefetch with prefetch auto), no queue, no S3. What coalescing
   changes where it acts: tasks/s, the processes' and the parent's CPU per task, tasks
-  per predict call.
-- the worker: `sqsinfer` (coalescing on, its default) and `sqsinfer-alone`
-  (`SQSINFER_COALESCE=false`) on the stand-in, measured as every regime measures it.
+  per predict call. Coalesced, every task counts as small here whatever its rows (the
+  threshold at least the row count): a sweep of `--rows` shows where it stops paying.
+- the worker: `sqsinfer` (its defaults: coalesced up to `coalesce_max_rows`) and
+  `sqsinfer-alone` (`SQSINFER_COALESCE=false`) on the stand-in, measured as every
+  regime measures it.
 
 A run takes each pair once, the order alternating from run to run; each ratio is taken
 within its run, and the report gives the median of the runs and their range.
@@ -128,7 +130,9 @@ def _calls(pool: InferencePool) -> tuple[float, float]:
 def _one_run(
     ctx: runner.Context,
     moto: standin.MotoServer,
+    counts: tuple[int, ...],
     attempt: int,
+    *,
     quick: bool,
     progress: Callable[[str], None],
 ) -> dict[str, Any]:
@@ -136,13 +140,13 @@ def _one_run(
     s3, sqs = standin.clients(moto.url, ctx.region)
     order = MODES if attempt % 2 == 0 else MODES[::-1]
     found: dict[str, Any] = {}
-    for rows in ROWS:
+    for rows in counts:
         regime = regime_with(ctx.regime, rows)
         at = dataclasses.replace(ctx, regime=regime, inputs=workload.input_bytes(regime, ctx.seed))
         in_flight = ctx.in_flight("sqsinfer")
         pool: dict[str, Any] = {}
         for mode in order:
-            max_rows = Settings.coalesce_max_rows if mode == "coalesced" else 0
+            max_rows = max(rows, Settings.coalesce_max_rows) if mode == "coalesced" else 0
             pool[mode] = asyncio.run(pool_rate(at, max_rows, _POOL_TASKS[quick], in_flight))
             progress(f"    {rows} rows, pool {mode}: {pool[mode]['tasks_per_s']:.0f} tasks/s")
         workers: dict[str, Any] = {}
@@ -165,6 +169,7 @@ def run_regime(
     ctx: runner.Context,
     moto: standin.MotoServer,
     *,
+    counts: tuple[int, ...] = ROWS,
     repeat: int,
     quick: bool,
     progress: Callable[[str], None],
@@ -173,8 +178,8 @@ def run_regime(
     per_run = []
     for attempt in range(repeat):
         suffix = f" (run {attempt + 1}/{repeat})" if repeat > 1 else ""
-        progress(f"  small / rows {', '.join(map(str, ROWS))}{suffix}")
-        per_run.append(_one_run(ctx, moto, attempt, quick, progress))
+        progress(f"  small / rows {', '.join(map(str, counts))}{suffix}")
+        per_run.append(_one_run(ctx, moto, counts, attempt, quick=quick, progress=progress))
     return per_run
 
 
@@ -219,7 +224,7 @@ def combine(per_run: list[dict[str, Any]]) -> dict[str, Any]:
     """Each row count: the medians and ranges of the pool's figures, the workers' median
     runs (with their processes' CPU per task), and the ratios taken within each run."""
     found: dict[str, Any] = {}
-    for rows in map(str, ROWS):
+    for rows in per_run[0] if per_run else ():
         runs = [run[rows] for run in per_run]
         pool = {
             mode: {
@@ -246,7 +251,9 @@ def combine(per_run: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _target(combined: dict[str, Any]) -> dict[str, Any]:
     name, op, limit = TARGET
-    figure = combined.get("100", {}).get("ratios", {}).get("pool_tasks_per_s")
+    if "100" not in combined:
+        return {}
+    figure = combined["100"]["ratios"].get("pool_tasks_per_s")
     measured = figure["median"] if figure else None
     met = measured is not None and measured >= limit
     return {name: {"target": f"{op} {limit}", "measured": measured, "met": met}}
@@ -261,7 +268,7 @@ def build(
         "regime": regime.name,
         "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         **extras,
-        "workload": regime.describe() | extras.get("workload", {}) | {"rows": list(ROWS)},
+        "workload": regime.describe() | extras.get("workload", {}) | {"rows": list(combined)},
         "rows": combined,
         "targets": _target(combined),
         "paired_runs": len(per_run),
@@ -284,7 +291,7 @@ def table(built: dict[str, Any]) -> str:
         f"Python {m['python']}; median of {runs} paired run{'s' if runs != 1 else ''} [range]",
         "",
         f"{'rows':>5}  {'':<22}{'tasks/s':>22}{'processes CPU ms/task':>26}"
-        f"{'parent CPU ms/task':>24}{'tasks/call':>12}",
+        f"{'parent CPU ms/task':>24}{'tasks/call':>18}",
     ]
     for rows, at in built["rows"].items():
         for mode in MODES:
@@ -293,7 +300,7 @@ def table(built: dict[str, Any]) -> str:
                 f"{rows:>5}  {'pool, ' + mode:<22}{chained._mr(p['tasks_per_s'], '.0f'):>22}"
                 f"{chained._mr(p['processes_cpu_ms_per_task'], '.3f'):>26}"
                 f"{chained._mr(p['parent_cpu_ms_per_task'], '.3f'):>24}"
-                f"{chained._mr(p['tasks_per_call'], '.1f'):>12}"
+                f"{chained._mr(p['tasks_per_call'], '.1f'):>18}"
             )
         for name, r in at["workers"].items():
             if "error" in r:
@@ -303,7 +310,7 @@ def table(built: dict[str, Any]) -> str:
                 f"{rows:>5}  {name:<22}{r['tasks_per_s']:>22.1f}"
                 f"{report._fmt(r.get('processes_cpu_ms_per_task'), '.3f'):>26}"
                 f"{report._fmt(r.get('cpu_s_per_task_parent'), '.3f', 1000):>24}"
-                f"{report._fmt(r.get('tasks_per_predict_call'), '.1f'):>12}"
+                f"{report._fmt(r.get('tasks_per_predict_call'), '.1f'):>18}"
             )
         ratio = {key: chained._mr(figure) for key, figure in at["ratios"].items()}
         lines.append(

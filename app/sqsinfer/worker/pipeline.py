@@ -543,25 +543,23 @@ class Pipeline:
 
     async def _infer(self, held: Held, task: Task, shm_name: str, size: int) -> dict[str, Any]:
         held.step = Step.WAITING
-        waited = began = time.perf_counter()
+        waited = time.perf_counter()
 
         def started() -> None:  # a process took it (alone, or with other small tasks)
-            nonlocal began
-            began = time.perf_counter()
-            Timer(held, self.metrics, Phase.WAIT_PROCESS).record(began - waited)
+            Timer(held, self.metrics, Phase.WAIT_PROCESS).record(time.perf_counter() - waited)
             held.step = Step.COMPUTING
 
         job = inference.Job(
             shm_name, size, task.input_format, task.output_format, task.input_options
         )
         result = await self.pool.compute(job, started)
-        held.trace.compute(time.perf_counter() - began, result)
         # Coalesced, a task's infer is its rows' share of the call, and its handoff its
         # share of the call's round trip beyond what the process spent: the tasks' phases
-        # add up to the process's time.
+        # (and compute spans) add up to the process's time. Alone, the round trip.
+        spent = result["decode_s"] + result["infer_s"] + result["encode_s"]
+        held.trace.compute(result["handoff_s"] + spent, result)
         for phase in (Phase.DECODE, Phase.INFER, Phase.ENCODE, Phase.HANDOFF):
             Timer(held, self.metrics, phase).record(result[f"{phase}_s"])
-        spent = result["decode_s"] + result["infer_s"] + result["encode_s"]
         self.metrics.process_busy.inc(spent)
         self.metrics.rows.inc(result["rows"])
         return result
