@@ -9,6 +9,7 @@ give the reference.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import io
 import json
 from collections.abc import Callable, Iterator
@@ -319,3 +320,23 @@ async def test_a_batch_all_of_whose_tasks_are_cancelled_has_its_process_replaced
         assert sample(pool.metrics, "sqsinfer_pool_rebuilds_total") == 1
     finally:
         await pool.close()
+
+
+async def test_processes_free_at_once_each_take_an_even_share_of_what_waits(model_path, segments):
+    config = dataclasses.replace(
+        _pool_config(model_path, "tests.handlers:RowScriptedHandler"), processes=2
+    )
+    pool = InferencePool(config)
+    await pool.start()
+    try:
+        jobs = [_job(segments, _rows(0.0)) for _ in range(4)]
+        async with pool.lease(), pool.lease():  # both busy while the tasks come
+            tasks = [asyncio.create_task(pool.compute(job, lambda: None)) for job in jobs]
+            await eventually(lambda: pool.waiting == len(jobs))
+        found = await asyncio.gather(*tasks)
+    finally:
+        await pool.close()
+    assert all(r["rows"] == 2 for r in found)
+    # Two calls of two, one on each process: not one of four while the other idles.
+    assert sample(pool.metrics, "sqsinfer_tasks_per_predict_count") == 2
+    assert sample(pool.metrics, "sqsinfer_tasks_per_predict_bucket", le="2.0") == 2

@@ -19,6 +19,7 @@ Scenarios (each on its own fresh queues and bucket of a local moto server):
   compute-only                   decode + predict in N processes: no queue, no S3 (the limit)
   sqsinfer                       the real worker (python -m sqsinfer worker), N processes
   sqsinfer-traced                the same, every task traced and exported (only when named)
+  sqsinfer-alone                 the same, each task scored alone: coalescing off (small regime)
   http-service                   consumer POSTs each input as JSON to N model-service processes
   http-service-load-per-request  the same, the service loading the model per request
   naive                          N processes of sync boto3, one message at a time

@@ -10,11 +10,12 @@ Processes are always started with the *spawn* method: native ML libraries hold t
 pools and locks that a forked child inherits without the threads, and hangs on.
 
 Small tasks are coalesced (`compute`): when several are waiting for a process, the next
-process that becomes free takes all of them at once (never waiting for more), decodes
-each input on its own, scores their rows in one predict call and encodes each output on
-its own (`inference.run_batch`). A predict call costs a fixed part (XGBoost about 0.2 ms)
-and a task's handing over and back another; a task of tens of rows pays several times
-its own compute in them, and shares them when coalesced. Each task still ends on its
+process that becomes free takes them together (all of them, or its even share when other
+processes are free too; never waiting for more), decodes each input on its own, scores
+their rows in one predict call and encodes each output on its own (`inference.run_batch`).
+A predict call costs a fixed part (XGBoost about 0.2 ms) and a task's handing over and
+back another; a task of tens of rows pays several times its own compute in them, and
+shares them when coalesced. Each task still ends on its
 own: a failure in the process is its task's, and a shared call that fails, or a process
 that dies under several tasks, makes each of them run alone again, so that whatever
 failed is told by its own task.
