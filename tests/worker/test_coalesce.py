@@ -277,11 +277,15 @@ async def test_a_handler_that_does_not_allow_it_is_never_coalesced(model_path, s
 
 
 async def _running_batch(pool: InferencePool, jobs: list[inference.Job]) -> list[asyncio.Task]:
-    """The jobs' tasks, once their batch has gone to the pool's one process."""
+    """The jobs' tasks, once their batch has gone to the pool's one process (told to each
+    task when it goes, after the call to the process is made)."""
+    gone = asyncio.Semaphore(0)
     async with pool.lease():
-        tasks = [asyncio.create_task(pool.compute(job, lambda: None)) for job in jobs]
+        tasks = [asyncio.create_task(pool.compute(job, gone.release)) for job in jobs]
         await eventually(lambda: pool.waiting == len(jobs))
-    await eventually(lambda: not pool.waiting and pool.slots[0].busy)
+    for _ in jobs:
+        await gone.acquire()
+    assert pool.slots[0].busy
     return tasks
 
 
