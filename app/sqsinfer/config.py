@@ -188,6 +188,18 @@ class Settings:
     max_prefetch: int = _opt(
         8, "most in-flight messages per process when prefetch is auto (sizes /dev/shm)", int
     )
+    coalesce: bool = _opt(
+        True,
+        "score the rows of small tasks waiting for a process in one predict call, each "
+        "task's output split back and committed on its own; only for a handler that allows "
+        "it (rows_independent: the built-in xgboost handler does)",
+        _flag,
+    )
+    coalesce_max_rows: int = _opt(
+        1000,
+        "a task of at most this many rows is small (coalesced); one of more is scored alone",
+        int,
+    )
     visibility_timeout_s: int = _opt(
         60, "visibility a received message gets, renewed by the heartbeat", int
     )
@@ -420,6 +432,7 @@ def _check_numbers(s: Settings, _: bool) -> None:
         "must be auto or at least 1",
     )
     _require(s.max_prefetch >= 1, "max_prefetch", "must be at least 1")
+    _require(s.coalesce_max_rows >= 1, "coalesce_max_rows", "must be at least 1")
     _require(
         1 <= s.visibility_timeout_s <= SQS_MAX_VISIBILITY_S,
         "visibility_timeout_s",

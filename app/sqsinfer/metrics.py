@@ -88,6 +88,10 @@ _BUCKETS_S = (
 )
 
 
+# Tasks per predict call: 1 alone, up to the pool's MAX_BATCH_TASKS coalesced.
+_TASKS_PER_CALL = (1, 2, 4, 8, 16, 32, 64)
+
+
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -132,6 +136,13 @@ class Metrics:
             "sqsinfer_process_busy_seconds",
             "Seconds the inference processes spent computing (decode, predict, encode); "
             "rate / sqsinfer_processes_ready = the share of the time they are busy",
+            registry=r,
+        )
+        self.tasks_per_predict = Histogram(
+            "sqsinfer_tasks_per_predict",
+            "Tasks whose rows one predict call scored: 1 for a task alone, more when small "
+            "tasks waiting for a process were coalesced (_sum / _count: tasks per call)",
+            buckets=_TASKS_PER_CALL,
             registry=r,
         )
         self.pool_rebuilds = Counter(

@@ -47,6 +47,8 @@ FORMS: dict[str, tuple[str, ...]] = {
     "threads_per_process": ("1", "2"),
     "prefetch": ("auto", "AUTO", "3"),
     "max_prefetch": ("8",),
+    "coalesce": ("true", "false"),
+    "coalesce_max_rows": ("1000", "100"),
     "visibility_timeout_s": ("60", "300"),
     "heartbeat_s": ("20.0", "20"),
     "wait_time_s": ("20", "0"),

@@ -87,6 +87,7 @@ class Worker:
                 model_sha256=settings.model_sha256,
                 max_decoded_bytes=settings.max_decoded_bytes,
                 model_output=settings.model_output,
+                coalesce_max_rows=settings.coalesce_max_rows if settings.coalesce else 0,
             ),
             self.metrics,
         )
@@ -170,7 +171,12 @@ class Worker:
         self._background.append(asyncio.create_task(self.pool.watch(), name="pool-watch"))
         log.info(
             Event.POOL_READY,
-            extra={"processes": s.processes, "startup_s": round(self.pool.startup_s, 3)},
+            extra={
+                "processes": s.processes,
+                "startup_s": round(self.pool.startup_s, 3),
+                # 0: no coalescing (switched off, or the handler does not allow it).
+                "coalesce_max_rows": self.pool.coalesce_max_rows,
+            },
         )
         pipeline = assemble.pipeline(s, clients, found, self.pool, self.metrics)
         pipeline.receive_ended = self._receive_ended

@@ -544,26 +544,23 @@ class Pipeline:
     async def _infer(self, held: Held, task: Task, shm_name: str, size: int) -> dict[str, Any]:
         held.step = Step.WAITING
         waited = time.perf_counter()
-        async with self.pool.lease() as lease:
+
+        def started() -> None:  # a process took it (alone, or with other small tasks)
             Timer(held, self.metrics, Phase.WAIT_PROCESS).record(time.perf_counter() - waited)
             held.step = Step.COMPUTING
-            began = time.perf_counter()
-            result = await lease.run(
-                inference.run_task,
-                shm_name,
-                size,
-                task.input_format,
-                task.output_format,
-                task.input_options,
-            )
-        total = time.perf_counter() - began
-        held.trace.compute(total, result)
-        for phase in (Phase.DECODE, Phase.INFER, Phase.ENCODE):
-            Timer(held, self.metrics, phase).record(result[f"{phase}_s"])
-        # What the child did not account for is the cost of handing work over and back.
+
+        job = inference.Job(
+            shm_name, size, task.input_format, task.output_format, task.input_options
+        )
+        result = await self.pool.compute(job, started)
+        # Coalesced, a task's infer is its rows' share of the call, and its handoff its
+        # share of the call's round trip beyond what the process spent: the tasks' phases
+        # (and compute spans) add up to the process's time. Alone, the round trip.
         spent = result["decode_s"] + result["infer_s"] + result["encode_s"]
+        held.trace.compute(result["handoff_s"] + spent, result)
+        for phase in (Phase.DECODE, Phase.INFER, Phase.ENCODE, Phase.HANDOFF):
+            Timer(held, self.metrics, phase).record(result[f"{phase}_s"])
         self.metrics.process_busy.inc(spent)
-        Timer(held, self.metrics, Phase.HANDOFF).record(max(0.0, total - spent))
         self.metrics.rows.inc(result["rows"])
         return result
 

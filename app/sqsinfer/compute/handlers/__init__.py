@@ -49,6 +49,11 @@ class Handler(Protocol):
     `load` when the model output setting names one, and `output_name`, the output served
     once loaded (written in every output's metadata as `model-output`). A handler without
     `choose_output` serves one output, and the setting is refused for it.
+
+    Optional: `rows_independent = True`, the handler's word that each output row depends
+    on its input row alone, bit for bit, whatever other rows share the call. The worker
+    may then score the rows of several small tasks in one `predict` call and split the
+    result back per task (`rows_independent`). Without it, each task is its own call.
     """
 
     def load(self, model_path: str, threads: int) -> None: ...
@@ -97,6 +102,12 @@ def import_handler(name: str) -> Handler:
     if not isinstance(handler, Handler):
         raise ModelLoadError(f"handler {name!r} has no load()/predict()")
     return handler
+
+
+def rows_independent(handler: Handler) -> bool:
+    """Whether the handler lets several tasks' rows share one predict call: only when it
+    says so (`rows_independent = True`), never by default."""
+    return getattr(handler, "rows_independent", False) is True
 
 
 def handler_version(handler: Handler) -> str:
