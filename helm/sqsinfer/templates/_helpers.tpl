@@ -347,3 +347,170 @@ chart stops and says so.
 {{- end }}
 {{- $region }}
 {{- end }}
+
+{{/*
+The worker's pod template (metadata and spec), shared by the Deployment and, in job mode,
+the ScaledJob's Jobs. Called with the root context.
+*/}}
+{{- define "sqsinfer.podTemplate" -}}
+{{- $port := int .Values.worker.health_port }}
+metadata:
+  labels:
+    {{- merge (include "sqsinfer.labels" . | fromYaml) (deepCopy .Values.podLabels) | toYaml | nindent 4 }}
+  {{- with .Values.podAnnotations }}
+  annotations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+spec:
+  serviceAccountName: {{ include "sqsinfer.serviceAccountName" . }}
+  automountServiceAccountToken: {{ .Values.serviceAccount.automountToken }}
+  enableServiceLinks: false
+  # SIGTERM -> stop receiving -> drain -> commit grace -> release -> exit: derived from
+  # the drain deadline unless set (and then checked against it).
+  terminationGracePeriodSeconds: {{ include "sqsinfer.grace" . }}
+  {{- with .Values.imagePullSecrets }}
+  imagePullSecrets:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with .Values.priorityClassName }}
+  priorityClassName: {{ . }}
+  {{- end }}
+  securityContext:
+    runAsNonRoot: true
+    {{- with .Values.podSecurityContext }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+    seccompProfile:
+      type: RuntimeDefault
+  {{- with .Values.initContainers }}
+  initContainers:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  containers:
+    - name: worker
+      image: {{ include "sqsinfer.image" . | quote }}
+      imagePullPolicy: {{ .Values.image.pullPolicy }}
+      {{- with .Values.args }}
+      args:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      ports:
+        - name: http
+          containerPort: {{ $port }}
+          protocol: TCP
+      env:
+        {{- range $key, $value := .Values.worker }}
+        {{- if include "sqsinfer.isSet" $value }}
+        - name: {{ printf "SQSINFER_%s" (upper $key) }}
+          value: {{ include "sqsinfer.envValue" $value | quote }}
+        {{- end }}
+        {{- end }}
+        {{- with .Values.extraEnv }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+      {{- with .Values.envFrom }}
+      envFrom:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      # Startup waits for /readyz (model loaded, every process warmed up) within its
+      # budget; only then do the liveness and readiness probes begin.
+      startupProbe:
+        httpGet:
+          path: /readyz
+          port: {{ $port }}
+        {{- toYaml .Values.probes.startup | nindent 8 }}
+      # /livez: the loop made progress recently and the pool is usable.
+      livenessProbe:
+        httpGet:
+          path: /livez
+          port: {{ $port }}
+        {{- toYaml .Values.probes.liveness | nindent 8 }}
+      # /readyz: model loaded, all processes warm, not draining, last receive OK.
+      readinessProbe:
+        httpGet:
+          path: /readyz
+          port: {{ $port }}
+        {{- toYaml .Values.probes.readiness | nindent 8 }}
+      # Memory derived from the settings unless set (sqsinfer.sizing in _helpers.tpl).
+      resources:
+        {{- include "sqsinfer.resources" . | nindent 8 }}
+      securityContext:
+        runAsNonRoot: true
+        {{- with .Values.podSecurityContext.runAsUser }}
+        runAsUser: {{ . }}
+        {{- end }}
+        {{- with .Values.podSecurityContext.runAsGroup }}
+        runAsGroup: {{ . }}
+        {{- end }}
+        readOnlyRootFilesystem: true
+        allowPrivilegeEscalation: false
+        privileged: false
+        capabilities:
+          drop: ["ALL"]
+        seccompProfile:
+          type: RuntimeDefault
+      volumeMounts:
+        - name: dshm
+          mountPath: /dev/shm
+        - name: tmp
+          mountPath: /tmp
+        {{- if .Values.model.volume }}
+        - name: model
+          mountPath: {{ .Values.model.mountPath }}
+          readOnly: true
+          {{- with .Values.model.subPath }}
+          subPath: {{ . }}
+          {{- end }}
+        {{- end }}
+        {{- with .Values.extraVolumeMounts }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+    {{- with .Values.extraContainers }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  volumes:
+    # Inputs are handed to the inference processes through POSIX shared memory.
+    - name: dshm
+      emptyDir:
+        medium: Memory
+        sizeLimit: {{ include "sqsinfer.shmSize" . }}
+    # Scratch, and the model when worker.model_path is s3://.
+    - name: tmp
+      emptyDir:
+        sizeLimit: {{ include "sqsinfer.tmpSize" . }}
+    {{- with .Values.model.volume }}
+    - name: model
+      {{- toYaml . | nindent 6 }}
+    {{- end }}
+    {{- with .Values.extraVolumes }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  {{- if .Values.topologySpreadConstraints }}
+  topologySpreadConstraints:
+    {{- toYaml .Values.topologySpreadConstraints | nindent 4 }}
+  {{- else if .Values.topologySpread.enabled }}
+  topologySpreadConstraints:
+    {{- range .Values.topologySpread.topologyKeys }}
+    - topologyKey: {{ . }}
+      maxSkew: {{ $.Values.topologySpread.maxSkew }}
+      whenUnsatisfiable: {{ $.Values.topologySpread.whenUnsatisfiable }}
+      labelSelector:
+        matchLabels:
+          {{- include "sqsinfer.selectorLabels" $ | nindent 10 }}
+      matchLabelKeys:
+        - pod-template-hash
+    {{- end }}
+  {{- end }}
+  {{- with .Values.nodeSelector }}
+  nodeSelector:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with .Values.affinity }}
+  affinity:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with .Values.tolerations }}
+  tolerations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+{{- end }}
