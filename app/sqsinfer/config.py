@@ -237,6 +237,12 @@ class Settings:
     stall_s: float = _opt(
         120.0, "/livez fails when the worker made no progress for this long", float
     )
+    queue_sample_s: float = _opt(
+        60.0,
+        "how often the depth of the queue and its dead-letter queue is read for /metrics "
+        "(GetQueueAttributes, one call a queue); 0 = never",
+        float,
+    )
     log_level: str = _opt("INFO", "DEBUG, INFO, WARNING or ERROR")
     log_format: str = _opt("auto", "json, console, or auto (console on a terminal)")
     worker_id: str = _opt("", "name in output metadata and logs; default: the host name")
@@ -433,6 +439,7 @@ def _check_numbers(s: Settings, _: bool) -> None:
         _require(getattr(s, name) > 0, name, "must be above 0")
     _require(0 <= s.health_port <= 65535, "health_port", "must be 0-65535")
     _require(s.stall_s > s.wait_time_s, "stall_s", "must be longer than the receive wait")
+    _require(s.queue_sample_s >= 0, "queue_sample_s", "must be 0 (never) or more")
 
 
 def _check_task_times(s: Settings) -> None:

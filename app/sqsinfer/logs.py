@@ -84,6 +84,8 @@ class Event(StrEnum):
     # the health server
     HEALTH_SERVER_LISTENING = "health server listening"
     # SQS
+    QUEUE_DEPTH_UNKNOWN = "cannot read the depth of a queue"
+    QUEUE_DEPTH_KNOWN = "the depth of a queue is read again"
     BATCH_ENTRY_FAILED = "batch entry failed"
     EXTENSION_CALL_FAILED = "extension call failed"
     VISIBILITY_EXTENSION_ENTRY_FAILED = "visibility extension entry failed"

@@ -38,7 +38,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from sqsinfer import __version__, config, shm, tracing
 from sqsinfer.aws.session import Clients, open_clients
-from sqsinfer.aws.sqs import Message, SqsQueue
+from sqsinfer.aws.sqs import Message, SqsQueue, oldest_age_s
 from sqsinfer.backoff import Backoff
 from sqsinfer.logs import Event
 from sqsinfer.metrics import Metrics, Phase
@@ -175,6 +175,9 @@ class Worker:
         pipeline.receive_ended = self._receive_ended
         self.keeper = assemble.keeper(s, pipeline.queue, self.metrics, self._expire)
         self._background.append(asyncio.create_task(self.keeper.run(), name="visibility"))
+        sampler = assemble.queue_depth(s, clients, found, self.metrics)
+        if sampler is not None:
+            self._background.append(asyncio.create_task(sampler.run(), name="queue-depth"))
         return pipeline
 
     # -- main loop --------------------------------------------------------------------
@@ -242,6 +245,7 @@ class Worker:
         spent_s = time.perf_counter() - started
         self.metrics.observe(Phase.RECEIVE, spent_s)
         self.tracer.received(queue.url, spent_s, messages)
+        self.metrics.received_age.set(oldest_age_s(messages, time.time()))
         if messages:  # an empty long poll says nothing of how fast slots refill
             self.limit.observe_receive(spent_s)
         return messages
