@@ -1131,6 +1131,8 @@ ALERTS = {
     "SqsinferAwsErrors",
     "SqsinferStalled",
     "SqsinferBacklogNotDraining",
+    "SqsinferDeadLetters",
+    "SqsinferMessagesTooOld",
 }
 
 

@@ -604,3 +604,24 @@ optionally the age of its oldest message (CloudWatch, through KEDA's aws-cloudwa
 {{- end }}
 {{- end }}
 {{- end }}
+
+{{/*
+The stall alert's window: prometheusRule.stallFor, or twice worker.task_time_s in whole
+minutes, at least 15m (a pod of long tasks finishes none for a task's time).
+*/}}
+{{- define "sqsinfer.stallFor" -}}
+{{- with .Values.prometheusRule.stallFor }}{{ . }}{{ else }}
+{{- $minutes := ceil (divf (mulf 2.0 (include "sqsinfer.taskTime" . | float64)) 60.0) | int64 }}
+{{- printf "%dm" (max 15 $minutes) }}
+{{- end }}
+{{- end }}
+
+{{/* A duration of whole units (1h30m, 2d, 45s) in seconds. */}}
+{{- define "sqsinfer.seconds" -}}
+{{- $units := dict "s" 1 "m" 60 "h" 3600 "d" 86400 "w" 604800 }}
+{{- $total := 0 }}
+{{- range regexFindAll "[0-9]+[smhdw]" (toString .) -1 }}
+{{- $total = add $total (mul (regexFind "^[0-9]+" . | int64) (get $units (regexFind "[smhdw]$" .))) }}
+{{- end }}
+{{- $total }}
+{{- end }}
