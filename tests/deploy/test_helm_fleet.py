@@ -8,6 +8,7 @@ Rendered by Helm's own engine and validated as `test_helm_chart` does; a ScaledJ
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,12 +29,14 @@ from tests.deploy.test_helm_chart import (
 
 JOB_KINDS = BASE_KINDS - {"Deployment", "ScaledObject", "PodDisruptionBudget"} | {"ScaledJob"}
 IDLE_ENV = ENV_PREFIX + "EXIT_WHEN_IDLE_S"
+CHART = Path(__file__).resolve().parents[2] / "helm" / "sqsinfer"
+DASHBOARD = CHART / "dashboards" / "sqsinfer-grafana.json"
 
 
 @pytest.fixture(scope="module")
 def chart() -> Iterator[helm.Chart]:
     helm.disable_logging()
-    with helm.Chart.load(Path(__file__).resolve().parents[2] / "helm" / "sqsinfer") as loaded:
+    with helm.Chart.load(CHART) as loaded:
         yield loaded
 
 
@@ -206,3 +209,25 @@ def test_the_oldest_message_trigger_is_optional(chart: helm.Chart, mode: str) ->
     }
     for doc in rendered.docs:
         validate_manifest(doc, KUBE_VERSIONS[-1])
+
+
+# -- The Grafana dashboard --------------------------------------------------------------
+def test_the_dashboard_ships_in_the_chart_for_grafanas_sidecar(chart: helm.Chart) -> None:
+    assert "ConfigMap" not in render(chart).kinds()  # opt-in
+    rendered = render(chart, {"grafanaDashboard": {"enabled": True}})
+    config_map = rendered.one("ConfigMap")
+    assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert config_map["metadata"]["namespace"] == "inference"
+    (text,) = config_map["data"].values()
+    assert json.loads(text) == json.loads(DASHBOARD.read_text())  # the chart's one copy
+    validate_manifest(config_map, KUBE_VERSIONS[0])
+    own = {
+        "enabled": True,
+        "labels": {"dashboards": "ml", "grafana_dashboard": None},  # null drops a default
+        "annotations": {"grafana_folder": "Inference"},
+        "namespace": "monitoring",
+    }
+    meta = render(chart, {"grafanaDashboard": own}).one("ConfigMap")["metadata"]
+    assert meta["labels"]["dashboards"] == "ml" and "grafana_dashboard" not in meta["labels"]
+    assert meta["annotations"] == {"grafana_folder": "Inference"}
+    assert meta["namespace"] == "monitoring"
