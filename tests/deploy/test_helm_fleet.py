@@ -29,6 +29,11 @@ from tests.deploy.test_helm_chart import (
 
 JOB_KINDS = BASE_KINDS - {"Deployment", "ScaledObject", "PodDisruptionBudget"} | {"ScaledJob"}
 IDLE_ENV = ENV_PREFIX + "EXIT_WHEN_IDLE_S"
+JOB_MODE = {"keda": {"mode": "job"}}
+DO_NOT_DISRUPT = {
+    "karpenter.sh/do-not-disrupt": "true",
+    "cluster-autoscaler.kubernetes.io/safe-to-evict": "false",
+}
 CHART = Path(__file__).resolve().parents[2] / "helm" / "sqsinfer"
 DASHBOARD = CHART / "dashboards" / "sqsinfer-grafana.json"
 
@@ -72,6 +77,7 @@ def test_the_jobs_pod_is_the_deployments_pod(chart: helm.Chart) -> None:
     deployment = render(chart, values).one("Deployment")["spec"]["template"]
     job = copy.deepcopy(job_spec(render(chart, job_mode(values)))["jobTargetRef"]["template"])
     assert job["spec"].pop("restartPolicy") == "Never"  # the Job decides on a failed pod
+    assert job["metadata"].pop("annotations") == DO_NOT_DISRUPT  # it ends by itself
     (container,) = job["spec"]["containers"]
     assert container["env"].pop() == {"name": IDLE_ENV, "value": "60"}
     for constraint in deployment["spec"]["topologySpreadConstraints"]:
@@ -231,3 +237,35 @@ def test_the_dashboard_ships_in_the_chart_for_grafanas_sidecar(chart: helm.Chart
     assert meta["labels"]["dashboards"] == "ml" and "grafana_dashboard" not in meta["labels"]
     assert meta["annotations"] == {"grafana_folder": "Inference"}
     assert meta["namespace"] == "monitoring"
+
+
+# -- Node autoscalers -------------------------------------------------------------------
+def pod_annotations(rendered: Rendered) -> dict[str, str]:
+    if "ScaledJob" in rendered.kinds():
+        template = job_spec(rendered)["jobTargetRef"]["template"]
+    else:
+        template = rendered.one("Deployment")["spec"]["template"]
+    annotations: dict[str, str] = template["metadata"].get("annotations", {})
+    return annotations
+
+
+@pytest.mark.parametrize(
+    ("values", "protected"),
+    [
+        ({}, False),  # a Deployment's pods never end: their nodes could never go
+        (JOB_MODE, True),  # a Job's pod ends once its queue is empty
+        ({"nodeAutoscaler": {"doNotDisrupt": True}}, True),
+        (with_values(JOB_MODE, nodeAutoscaler__doNotDisrupt=False), False),
+    ],
+)
+def test_node_autoscalers_leave_a_jobs_pod_be(
+    chart: helm.Chart, values: dict[str, Any], protected: bool
+) -> None:
+    values = with_values(values, podAnnotations={"example.com/team": "ml"})
+    annotations = pod_annotations(render(chart, values))
+    assert annotations == {"example.com/team": "ml", **(DO_NOT_DISRUPT if protected else {})}
+
+
+def test_pod_annotations_win_over_the_node_autoscaler_ones(chart: helm.Chart) -> None:
+    values = with_values(JOB_MODE, podAnnotations={"karpenter.sh/do-not-disrupt": "false"})
+    assert pod_annotations(render(chart, values))["karpenter.sh/do-not-disrupt"] == "false"

@@ -376,7 +376,7 @@ the ScaledJob's Jobs. Called with the root context.
 metadata:
   labels:
     {{- merge (include "sqsinfer.labels" . | fromYaml) (deepCopy .Values.podLabels) | toYaml | nindent 4 }}
-  {{- with .Values.podAnnotations }}
+  {{- with include "sqsinfer.podAnnotations" . | fromYaml }}
   annotations:
     {{- toYaml . | nindent 4 }}
   {{- end }}
@@ -624,4 +624,19 @@ minutes, at least 15m (a pod of long tasks finishes none for a task's time).
 {{- $total = add $total (mul (regexFind "^[0-9]+" . | int64) (get $units (regexFind "[smhdw]$" .))) }}
 {{- end }}
 {{- $total }}
+{{- end }}
+
+{{/*
+The pods' annotations: podAnnotations, and with nodeAutoscaler.doNotDisrupt (empty: on in
+job mode) the ones Karpenter and the cluster-autoscaler read, so that neither evicts a
+pod to remove its node; podAnnotations win.
+*/}}
+{{- define "sqsinfer.podAnnotations" -}}
+{{- $protect := .Values.nodeAutoscaler.doNotDisrupt }}
+{{- if kindIs "invalid" $protect }}{{ $protect = eq (include "sqsinfer.jobMode" .) "true" }}{{ end }}
+{{- $own := dict }}
+{{- if $protect }}
+{{- $own = dict "karpenter.sh/do-not-disrupt" "true" "cluster-autoscaler.kubernetes.io/safe-to-evict" "false" }}
+{{- end }}
+{{- merge (deepCopy (.Values.podAnnotations | default dict)) $own | toYaml }}
 {{- end }}
