@@ -71,6 +71,13 @@ def test_job_mode_renders_a_scaled_job_in_place_of_the_deployment(
         validate_manifest(doc, kube_version)
 
 
+def test_job_mode_lints_clean() -> None:
+    everything = job_mode(with_values(example("stage1"), keda__oldestMessageAge__enabled=True))
+    report = helm.lint(CHART, everything, strict=True)
+    assert report["errors"] == []
+    assert [m for m in report["messages"] if m["severity"] >= 2] == []
+
+
 def test_the_jobs_pod_is_the_deployments_pod(chart: helm.Chart) -> None:
     """One pod template for both: a Job's differs only where a Job's pod must."""
     values = example("stage1")
