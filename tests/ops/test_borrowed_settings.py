@@ -65,6 +65,7 @@ FORMS: dict[str, tuple[str, ...]] = {
     "health_host": ("0.0.0.0", "127.0.0.1"),
     "health_port": ("8080", "0"),
     "stall_s": ("120.0",),
+    "queue_sample_s": ("60.0", "0"),
     "log_level": ("INFO", "debug"),
     "log_format": ("auto", "json", "console"),
     "worker_id": ("", "pod-7"),
