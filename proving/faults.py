@@ -40,18 +40,24 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
-import aiohttp
 import orjson
 from aiohttp import web
 
 from sqsinfer.aws.session import SDK_RETRIES
+from sqsinfer.lab.latency import (
+    Latency,
+    LatencyProxy,
+    Operation,
+    Profile,
+    Spread,
+    check_target,
+    classify,
+    profile_named,
+)
 
 log = logging.getLogger("sqsinfer.faults")
 
-# Hop-by-hop and recomputed headers are not passed through.
-_SKIP_HEADERS = frozenset({"transfer-encoding", "connection", "content-length", "keep-alive"})
 DROP_DEFAULT_OPERATIONS = frozenset(
     {"GetObject", "PutObject", "ReceiveMessage", "DeleteMessageBatch"}
 )
@@ -60,7 +66,6 @@ RESET_DEFAULT_OPERATIONS = frozenset(
 )
 VISIBILITY_OPERATIONS = frozenset({"ChangeMessageVisibility", "ChangeMessageVisibilityBatch"})
 SEND_OPERATIONS = frozenset({"SendMessage", "SendMessageBatch"})  # next-stage sends are batched
-MARKER_SUFFIX = ".chain"
 RESET_LINE = "answer reset"  # logged for each reset: its operation and queue
 # A burst of this many failures outlasts the SDK's own retries: the call itself fails.
 SDK_ATTEMPTS = SDK_RETRIES + 1
@@ -72,9 +77,12 @@ class FaultPlan:
 
     seed: int = 0
     s3_5xx: float = 0.0
+    s3_slowdown: float = 0.0  # S3 requests answered 503 SlowDown (S3 throttling a prefix)
     s3_conflict: float = 0.0
     sqs_errors: float = 0.0
+    sqs_throttling: float = 0.0  # SQS requests answered 400 RequestThrottled
     latency_ms: float = 0.0  # up to this much added, uniformly
+    latency: str = ""  # or a profile's latency per operation (sqsinfer.lab.latency)
     drop: float = 0.0
     drop_operations: frozenset[str] = DROP_DEFAULT_OPERATIONS
     reset: float = 0.0  # answers of these operations reset (RST) after the service acted
@@ -109,43 +117,19 @@ class FaultPlan:
     delays_s: dict[str, float] = field(default_factory=dict)  # operation -> seconds added
     limits: dict[str, int] = field(default_factory=dict)  # fault kind (a `counts` key) -> most
 
-
-@dataclass(frozen=True)
-class Operation:
-    service: str  # "s3" or "sqs"
-    name: str
-    conditional: bool = False
-    key: str = ""  # S3: the object key
-    if_match: bool = False  # S3: a compare-and-swap write (If-Match), not a create
-    queue: str = ""  # SQS: the QueueUrl of the request
-    visibility_s: tuple[int, ...] = ()  # SQS visibility changes: each entry's new timeout
-    receipts: tuple[str, ...] = ()  # SQS visibility changes: each entry's receipt handle
-
-    @property
-    def marker(self) -> bool:
-        return self.name == "PutObject" and self.key.endswith(MARKER_SUFFIX)
+    def latency_model(self) -> Latency | None:
+        """The latency to add: a named profile's, or evenly up to `latency_ms`; None."""
+        if self.latency and self.latency_ms:
+            raise ValueError("latency_ms or a latency profile, not both")
+        if self.latency:
+            return Latency(profile_named(self.latency), self.seed)
+        if self.latency_ms > 0:
+            return Latency(Profile("even", s3_other=_even(self), sqs_other=_even(self)), self.seed)
+        return None
 
 
-def classify(method: str, path: str, query: str, headers: Any) -> Operation:
-    target = headers.get("X-Amz-Target", "")
-    if target.startswith("AmazonSQS."):
-        return Operation("sqs", target.split(".", 1)[1])
-    if "Action=" in query or (method == "POST" and path.count("/") == 2 and "sqs" in target):
-        return Operation("sqs", "Query")
-    has_key = path.strip("/").count("/") >= 1
-    conditional = "If-None-Match" in headers or "If-Match" in headers
-    key = path.strip("/").split("/", 1)[1] if has_key else ""
-    names = {
-        ("GET", True): "GetObject",
-        ("HEAD", True): "HeadObject",
-        ("PUT", True): "PutObject",
-        ("DELETE", True): "DeleteObject",
-        ("GET", False): "ListObjects",
-        ("HEAD", False): "HeadBucket",
-        ("PUT", False): "CreateBucket",
-    }
-    name = names.get((method, has_key), method)
-    return Operation("s3", name, conditional, key=key, if_match="If-Match" in headers)
+def _even(plan: FaultPlan) -> Spread:
+    return Spread.evenly(plan.latency_ms)
 
 
 def json_object(body: bytes | str) -> dict[str, Any]:
@@ -207,51 +191,25 @@ def _sqs_error(status: int, code: str, message: str) -> web.Response:
 
 
 @dataclass
-class FaultProxy:
-    target: str
+class FaultProxy(LatencyProxy):
+    """The latency proxy (`sqsinfer.lab.latency`) with faults: `plan` says which."""
+
     plan: FaultPlan = field(default_factory=FaultPlan)
-    host: str = "127.0.0.1"
-    port: int = 0
     counts: collections.Counter[str] = field(default_factory=collections.Counter)
 
     seen: collections.Counter[str] = field(default_factory=collections.Counter)
     record_path: str = ""  # every message sent through the proxy, appended as JSON lines
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         self._rng = random.Random(self.plan.seed)
+        if self.latency is None:
+            self.latency = self.plan.latency_model()
         self._marker_bursts: dict[str, int] = {}  # marker key -> 503s still to answer
-        self._runner: web.AppRunner | None = None
-        self._session: aiohttp.ClientSession | None = None
         # Receipt handle -> message id, from the receives: names the messages of a held call.
         self._receipts: dict[str, str] = {}
         self._held_receipts: set[str] = set()
         self._slow_receipts: set[str] = set()  # those of messages whose input reads slowly
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    async def start(self) -> None:
-        self._session = aiohttp.ClientSession(
-            auto_decompress=False, connector=aiohttp.TCPConnector(limit=64)
-        )
-        app = web.Application(client_max_size=1 << 30)
-        app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
-        await site.start()
-        sockets = getattr(site._server, "sockets", None)
-        if sockets:
-            self.port = int(sockets[0].getsockname()[1])
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
 
     def _chance(self, rate: float) -> bool:
         return rate > 0 and self._rng.random() < rate
@@ -301,8 +259,23 @@ class FaultProxy:
         low, high = self.plan.marker_burst, self.plan.marker_burst_max
         return self._rng.randint(low, high) if high > low else low
 
+    def _throttled(self, op: Operation) -> web.Response | None:
+        """S3's SlowDown, SQS's throttling: a refusal to be retried, later and slower."""
+        if op.service == "s3" and self._chance(self.plan.s3_slowdown):
+            return self._count(
+                op, "slowdown", _s3_error(503, "SlowDown", "Reduce your request rate.")
+            )
+        if op.service == "sqs" and self._chance(self.plan.sqs_throttling):
+            return self._count(
+                op, "throttling", _sqs_error(400, "RequestThrottled", "Rate exceeded")
+            )
+        return None
+
     def _random(self, op: Operation) -> web.Response | None:
         p = self.plan
+        throttled = self._throttled(op)
+        if throttled is not None:
+            return throttled
         if op.service == "s3" and op.conditional and self._chance(p.s3_conflict):
             return self._count(
                 op,
@@ -420,14 +393,16 @@ class FaultProxy:
             self._write_record(sent_messages(op, doc))
         self.seen[op.name] += 1
         await asyncio.sleep(self.plan.delays_s.get(op.name, 0.0))
-        if self.plan.latency_ms > 0 and op.name not in self.plan.spare_operations:
-            await asyncio.sleep(self._rng.uniform(0, self.plan.latency_ms) / 1000)
+        if op.name not in self.plan.spare_operations:
+            await self.hold(op, request, len(body))
         await self._hold(op)
         injected = self._injected(op)
         if injected is not None:
             return injected
         drop = "" if op.name in self.plan.spare_operations else self._dropped(op)
-        status, headers, body = await self._forward(request)
+        status, headers, body = await self.forward(request)
+        if op.name not in self.plan.spare_operations:
+            await self.hold_answer(op, len(body))
         if op.name == "ReceiveMessage" and status == 200 and self.plan.visibility_delay_s > 0:
             self._note_receives(body)
         if drop:
@@ -443,18 +418,6 @@ class FaultProxy:
             at = {"at": time.time()}  # when the request reached the proxy (epoch seconds)
             with open(self.record_path, "ab") as fh:  # a few a second: kept simple
                 fh.write(b"".join(orjson.dumps(m | at) + b"\n" for m in messages))
-
-    async def _forward(self, request: web.Request) -> tuple[int, dict[str, str], bytes]:
-        assert self._session is not None
-        url = self.target + request.path_qs
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _SKIP_HEADERS}
-        body = await request.read()
-        async with self._session.request(
-            request.method, url, headers=headers, data=body, allow_redirects=False
-        ) as upstream:
-            payload = await upstream.read()
-            kept = {k: v for k, v in upstream.headers.items() if k.lower() not in _SKIP_HEADERS}
-            return upstream.status, kept, payload
 
     def _reset(self, request: web.Request, op: Operation, status: int) -> web.StreamResponse:
         """Reset the connection (RST) before a byte of the real answer is sent: the client's
@@ -493,17 +456,12 @@ async def serve(target: str, plan: FaultPlan, port: int, record_path: str = "") 
         await proxy.stop()
 
 
-def check_target(target: str) -> str:
-    host = urlsplit(target).hostname or ""
-    if host not in ("127.0.0.1", "localhost", "::1"):
-        raise ValueError(f"the fault proxy only fronts loopback endpoints, not {host!r}")
-    return target.rstrip("/")
-
-
 _RATES = (
     "s3_5xx",
+    "s3_slowdown",
     "s3_conflict",
     "sqs_errors",
+    "sqs_throttling",
     "latency_ms",
     "drop",
     "reset",
@@ -516,6 +474,7 @@ _RATES = (
 # The other plan fields the command sets, each from its own option.
 _OPTIONS = (
     "seed",
+    "latency",
     "send_drop_queue",
     "send_reset_queue",
     "marker_burst",
@@ -543,6 +502,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     for name in _RATES:
         p.add_argument("--" + name.replace("_", "-"), type=float, default=0.0)
+    p.add_argument(
+        "--latency",
+        default="",
+        metavar="PROFILE",
+        help="add a profile's latency per operation (aws, loopback; not with --latency-ms)",
+    )
     p.add_argument(
         "--send-drop-queue", default="", help="drop only sends to a queue whose URL ends in this"
     )
@@ -618,6 +583,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             slow_reads=parse_slow_reads(args.slow_read),
             **{name: getattr(args, name) for name in _RATES + _OPTIONS},
         )
+        plan.latency_model()  # a profile that exists, and not beside --latency-ms
     except ValueError as exc:
         print(f"proving.faults: {exc}", file=sys.stderr)
         return 2

@@ -94,6 +94,7 @@ class Event(StrEnum):
     GET_BODY_BROKE_OFF = "GET body broke off, again"
     CONDITIONAL_PUT_CONFLICT = "conditional put conflict"
     DATA_PATH_ROUTED = "data path reaches bucket"
+    S3_SLOW_DOWN = "S3 asks to slow down: the data path waits"
     # /dev/shm
     SWEPT = "swept what dead workers left"
     CANNOT_SWEEP = "cannot sweep"

@@ -89,6 +89,46 @@ def test_quick_run_with_the_onnx_handler(tmp_path):
     assert "ONNX MLP" in done.stdout
 
 
+def test_quick_run_under_aws_latency_sends_every_scenario_through_one_proxy(tmp_path):
+    """--latency aws: the worker's and the naive loop's calls held by the proxy, its figures
+    and CPU in the report, the ratios the latency targets read, the targets themselves."""
+    out = tmp_path / "out"
+    argv = [sys.executable, "-m", "sqsinfer", "bench", "--quick", "--latency", "aws"]
+    argv += ["--scenarios", "compute-only,sqsinfer,naive", "--tasks", "6", "--warmup", "2"]
+    argv += ["--out-dir", str(out), "--cache-dir", str(tmp_path / "cache")]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=170, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    found = json.loads((out / "bench-quick.json").read_text())
+    assert found["settings"]["latency"] == "aws"
+    assert found["latency"]["profile"]["name"] == "aws"
+    assert found["latency"]["profile"]["operations"]["GetObject"]["p50_ms"] > 0
+    added = found["latency"]["added"]
+    for name in ("ReceiveMessage", "GetObject", "PutObject", "DeleteMessage"):
+        assert added[name]["calls"] > 0 and added[name]["mean_added_ms"] > 0, name
+    assert added["DeleteMessageBatch"]["calls"] > 0  # the worker's: batched
+    scenarios = found["scenarios"]
+    for name in ("sqsinfer", "naive"):
+        assert "error" not in scenarios[name], scenarios[name].get("error")
+        assert scenarios[name]["tasks"] > 0 and scenarios[name]["proxy_cpu_s_per_task"] >= 0
+    assert scenarios["compute-only"]["proxy_cpu_s_per_task"] == 0.0  # no calls to hold
+    assert all(found["ratios"][k] is not None for k in ("vs_naive", "vs_compute_only"))
+    assert found["ratios"]["vs_compute_only"] == found["ratios"]["efficiency"]
+    assert "latency profile aws" in done.stdout
+
+
+def test_latency_targets_replace_the_loopback_ones_only_where_they_exist():
+    measured = {"vs_naive": 2.5, "vs_compute_only": 0.7, "busy_share": 0.95}
+    under_aws = report.targets("medium", measured, None, None, latency="aws")
+    assert {k: v["met"] for k, v in under_aws.items()} == {
+        "vs_naive": True,
+        "vs_compute_only": False,
+    }
+    assert "busy_share" in report.targets("medium", measured, None, None, latency="loopback")
+    assert report.targets("quick", measured, None, None, latency="aws") == report.targets(
+        "quick", measured, None, None
+    )
+
+
 def test_quick_run_of_the_traced_worker_reports_what_tracing_costs(tmp_path):
     """The worker traced, every span exported to the bench's receiver, side by side with
     the untraced worker in one window: the difference of the worker process's CPU per

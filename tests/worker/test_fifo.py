@@ -76,8 +76,9 @@ def _counted(worker) -> tuple[float, float]:
 
 
 class _FailingGets(FaultProxy):
-    """Answers 503 to every GET of the keys in `keys` while `failing` (S3 in trouble for
-    them): each task that reads one fails, transiently, and is retried."""
+    """Answers 500 to every GET of the keys in `keys` while `failing` (S3 in trouble for
+    them): each task that reads one fails, transiently, and is retried. (Not a 503: S3's
+    SlowDown makes the worker wait and try again, not fail the task.)"""
 
     def __init__(self, target: str, keys: set[str]) -> None:
         super().__init__(target, FaultPlan())
@@ -90,7 +91,7 @@ class _FailingGets(FaultProxy):
         if self.failing and op.name == "GetObject" and op.key in self.keys:
             await request.read()
             self.failed += 1
-            return web.Response(status=503, text="<Error><Code>SlowDown</Code></Error>")
+            return web.Response(status=500, text="<Error><Code>InternalError</Code></Error>")
         return await super()._handle(request)
 
 

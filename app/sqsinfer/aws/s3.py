@@ -13,11 +13,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import aiohttp
 import obstore
@@ -58,6 +59,17 @@ _BROKEN_BODY = (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, OSE
 # calls, the SDK each read) long enough for the largest input.
 _CONNECT_TIMEOUT = "5s"
 _CALL_TIMEOUT = "300s"
+# S3 answers 503 (SlowDown) while it scales a prefix to a new request rate, "temporarily,
+# until the optimization completes" (AWS). object_store retries a 503 as any 5xx, briefly
+# (its three retries take about half a second); past those, every call of the data path
+# waits behind one gate (`Throttle`) that backs off, then tries again: the worker slows
+# down (its slots stay taken, it receives less) rather than failing tasks. About a
+# minute of backing off in all before a task gives up (and is retried as transient).
+_THROTTLE_BACKOFF = Backoff(base_s=0.5, max_s=10.0)
+_THROTTLE_ROUNDS = 8
+_THROTTLED = ("<Code>SlowDown</Code>", "503 Service Unavailable")
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -79,6 +91,41 @@ def _age_s(response: dict[str, Any]) -> float:
     except (TypeError, ValueError):
         now = datetime.now(UTC)
     return max(0.0, float((now - modified).total_seconds()))
+
+
+def throttled(exc: BaseException) -> bool:
+    """Whether obstore's error is S3 asking to slow down (a 503), its retries spent."""
+    return isinstance(exc, GenericError) and any(sign in str(exc) for sign in _THROTTLED)
+
+
+class Throttle:
+    """One gate in front of every call of a data path. When S3 says to slow down, the
+    gate closes for a backoff that grows with each such answer while closed (answers of
+    calls already under way when it closed do not count again) and starts over after a
+    call goes through."""
+
+    def __init__(self, backoff: Backoff = _THROTTLE_BACKOFF) -> None:
+        self.backoff = backoff
+        self._opens_at = 0.0  # monotonic
+        self._in_a_row = 0
+
+    async def passed(self) -> None:
+        wait_s = self._opens_at - time.monotonic()
+        if wait_s > 0:
+            await asyncio.sleep(wait_s)
+
+    def slow_down(self) -> float | None:
+        """Close the gate for the next backoff; its length, or None when it was closed."""
+        now = time.monotonic()
+        if now < self._opens_at:
+            return None
+        delay_s = self.backoff.delay_s(self._in_a_row)
+        self._in_a_row += 1
+        self._opens_at = now + delay_s
+        return delay_s
+
+    def went_through(self) -> None:
+        self._in_a_row = 0
 
 
 class DataPath:
@@ -106,6 +153,7 @@ class DataPath:
         self._on_call = on_call or (lambda operation, failed: None)
         self._stores: dict[str, S3Store] = {}
         self._making = asyncio.Lock()
+        self.throttle = Throttle()
 
     async def store(self, bucket: str) -> S3Store:
         found = self._stores.get(bucket)
@@ -163,17 +211,39 @@ class DataPath:
             raise
         self._on_call(operation, False)
 
+    async def paced(self, operation: str, call: Callable[[], Awaitable[T]]) -> T:
+        """One call (each attempt counted), behind the throttle's gate: S3's 503, once
+        obstore's retries are spent, closes the gate and the call waits and goes again."""
+        for rounds in range(_THROTTLE_ROUNDS + 1):
+            await self.throttle.passed()
+            try:
+                with self.counted(operation):
+                    found = await call()
+            except GenericError as exc:
+                if not throttled(exc) or rounds == _THROTTLE_ROUNDS:
+                    raise
+                delay_s = self.throttle.slow_down()
+                if delay_s is not None:
+                    log.info(
+                        Event.S3_SLOW_DOWN,
+                        extra={"operation": operation, "delay_s": round(delay_s, 3)},
+                    )
+                continue
+            self.throttle.went_through()
+            return found
+        raise AssertionError("unreachable")  # pragma: no cover
+
     async def get_shared(
         self, uri: S3Uri, max_bytes: int, segments: Segments, version: str | None = None
     ) -> SharedInput:
         options: GetOptions = {"version": version} if version is not None else {}
-        with self.counted("GetObject"):
-            try:
-                result = await obstore.get_async(
-                    await self.store(uri.bucket), uri.key, options=options
-                )
-            except FileNotFoundError:
-                raise InputError("input_not_found", _not_found(uri, version)) from None
+        store = await self.store(uri.bucket)
+        try:
+            result = await self.paced(
+                "GetObject", lambda: obstore.get_async(store, uri.key, options=options)
+            )
+        except FileNotFoundError:
+            raise InputError("input_not_found", _not_found(uri, version)) from None
         chunks = result.stream(min_chunk_size=_CHUNK_BYTES)
         shared = await _into_shared(uri, int(result.meta["size"]), max_bytes, chunks, segments)
         return _read_version(shared, result.meta.get("e_tag"), result.meta.get("version"))
@@ -191,17 +261,20 @@ class DataPath:
         """
         attributes: dict[str, str] = {"Content-Type": content_type} | metadata
         conflicts = failures = 0
+        store = await self.store(uri.bucket)
         while True:
             try:
-                with self.counted("PutObject"):
-                    result = await obstore.put_async(
-                        await self.store(uri.bucket),
+                result = await self.paced(
+                    "PutObject",
+                    lambda: obstore.put_async(
+                        store,
                         uri.key,
                         body,
                         mode="create",
                         attributes=attributes,
                         use_multipart=False,
-                    )
+                    ),
+                )
                 return str(result["e_tag"] or "written")
             except AlreadyExistsError as exc:
                 if _CONFLICT_STATUS not in str(exc):

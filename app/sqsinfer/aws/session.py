@@ -26,6 +26,16 @@ from sqsinfer.aws.endpoints import AwsTarget, BucketRoute
 _SPARE_CONNECTIONS = 8
 # The SDK's retries after the first attempt (botocore's `max_attempts` counts retries).
 SDK_RETRIES = 3
+# Standard mode's retries (exponential backoff, a retry quota), and a client-side rate
+# limiter that a throttling answer (SlowDown, RequestThrottled, ThrottlingException ...)
+# turns on: each client then sends at most a rate cut from what it measured, growing back
+# (CUBIC) as calls succeed, so throttling slows the worker down instead of failing its
+# calls. Its quirks, known and accepted: one limiter per client (the S3 client's and the
+# SQS client's apart; obstore's data path has none, it has a gate of its own:
+# `s3.Throttle`), once on it stays on, and an answer without an error code (S3's 503 to a
+# HEAD has no body) is retried as a server error, not read as throttling. aiobotocore's
+# own limiter waits without blocking the event loop (botocore's sleeps in the thread).
+RETRY_MODE = "adaptive"
 # A next-stage send is retried by the worker itself, which must see each lost answer; an
 # attempt that hears nothing for this long counts as one that may have reached SQS.
 SINGLE_ATTEMPT_READ_TIMEOUT_S = 10.0
@@ -124,7 +134,7 @@ def client_config(
         max_pool_connections=connections,
         connect_timeout=5,
         read_timeout=read_timeout_s,
-        retries={"mode": "standard", "max_attempts": retries},
+        retries={"mode": RETRY_MODE, "max_attempts": retries},
         # The SDK's per-call CPU is most of the worker's own: skip what buys nothing here.
         # Parameters are built by this code, not by users; S3 checksums of every body
         # (computed in Python on PUT, verified on GET) are left to TLS and S3's own MD5.

@@ -13,6 +13,7 @@ from typing import Any
 REGIME_NAMES = ("chained", "heavy", "medium", "quick")
 HANDLERS = ("xgboost", "onnx")  # the model kinds a regime has (sqsinfer.bench.workload)
 NEXT_QUEUES = ("standard", "fifo")  # the chained regime's (sqsinfer.bench.chained)
+LATENCY_PROFILES = ("aws", "loopback")  # sqsinfer.lab.latency.PROFILES, without aiohttp
 
 BENCH_EPILOG = """\
 Scenarios (each on its own fresh queues and bucket of a local moto server):
@@ -32,9 +33,13 @@ examples:
   sqsinfer bench --regime medium --scenarios sqsinfer,sqsinfer-traced \
       --side-by-side --rate 10 --tasks 500 --max-window-s 50      # tracing's CPU
   sqsinfer bench --regime chained --next-queue standard   # two stages, calls and their cost
+  sqsinfer bench --regime medium --latency aws --repeat 3  # every call held as long as on AWS
 The chained regime runs two workers, stage 2 fed by stage 1 through a standard or FIFO
 next queue, beside stage 1 alone (unchained): end-to-end tasks/s, each stage's CPU, and
 its SQS and S3 calls per task as the stand-in served them, with their AWS price.
+With --latency PROFILE every scenario's calls go through one proxy that holds each as
+long as the profile draws for its operation (aws: S3 and SQS from the same region;
+loopback: nothing added, the hop alone); the bench's own set-up and feeding do not.
 Writes <out-dir>/bench-<regime>.json (bench-<regime>-onnx.json with --handler onnx; and
 bench.png with --plot, which needs matplotlib). With --handler onnx the scenarios are those
 that run the worker's handler: compute-only, sqsinfer, emulator-ceiling.
@@ -108,7 +113,16 @@ def add_parser(sub: Any) -> None:
         "own queue, in one window: their difference then shares the machine's speed; "
         "feed with --rate",
     )
-    p.add_argument("--seed", type=int, default=0, help="seed of the model and inputs (0)")
+    p.add_argument(
+        "--latency",
+        choices=LATENCY_PROFILES,
+        default="",
+        help="run every scenario's S3 and SQS calls through a proxy that adds this "
+        "profile's latency per operation (default: none, straight to the stand-in)",
+    )
+    p.add_argument(
+        "--seed", type=int, default=0, help="seed of the model, inputs and latency draws (0)"
+    )
     p.add_argument("--out-dir", default="bench-results", help="where JSON, logs, chart go")
     p.add_argument("--cache-dir", default="", help="model cache (~/.cache/sqsinfer/bench)")
     p.add_argument("--plot", action="store_true", help="also write bench.png (matplotlib)")

@@ -231,7 +231,7 @@ def run_variant(
     launched = []
     try:
         for name in names:
-            at = dataclasses.replace(ctx, endpoint=ports[name])
+            at = dataclasses.replace(ctx, endpoint=ctx.reach(ports[name]))
             one = _launch(at, _settings(at, chain, name, models[name]), f"{stem}-{name}")
             launched.append(one)
             run.trackers[name] = runner.Tracker(one, feeder if name == "stage1" else None)

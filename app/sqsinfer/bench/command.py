@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import os
@@ -21,7 +22,7 @@ import orjson
 
 from sqsinfer import config
 from sqsinfer.bench import chained, handoff, report, runner, tracecost, workload
-from sqsinfer.lab import standin
+from sqsinfer.lab import latency, standin
 
 _FULL_REGIMES = ["medium", "heavy"]
 _HANDOFF_REPS = {True: 20, False: 300}
@@ -105,6 +106,8 @@ def run_regime(
         "handoff": shared["handoff"],
         "pool_startup": pool,
     }
+    if "proxy" in shared:
+        extras["latency"] = _latency_facts(args, shared["proxy"], moto.url)
     if "tracing" in shared:
         extras["tracing_hooks"] = shared["tracing"]
     return report.build(regime, runs, extras)
@@ -127,8 +130,10 @@ def _context(
         model_path=model,
         inputs=workload.input_bytes(regime, args.seed),
         work_dir=shared["work_dir"],
-        endpoint=moto.url,
+        endpoint=shared.get("routes", {}).get(moto.url, moto.url),
         moto_pid=moto.process.pid,
+        routes=shared.get("routes", {}),
+        proxy_pid=shared.get("proxy_pid", 0),
         profile=args.profile,
         cpus=config.available_cpus(),
         handler=args.handler,
@@ -153,6 +158,7 @@ def _extras(args: argparse.Namespace, ctx: runner.Context) -> dict[str, Any]:
             "repeat": args.repeat,
             "profiled": bool(args.profile),
             "side_by_side": bool(args.side_by_side),
+            "latency": args.latency,
         },
         "workload": {
             "model_mb": round(os.path.getsize(ctx.model_path) / 1e6, 2),
@@ -160,6 +166,14 @@ def _extras(args: argparse.Namespace, ctx: runner.Context) -> dict[str, Any]:
             "input_bytes": len(ctx.inputs[0]),
         },
     }
+
+
+def _latency_facts(
+    args: argparse.Namespace, proxy: latency.ProxyProcess, target: str
+) -> dict[str, Any]:
+    """The profile every scenario's calls went through, and what the proxy added to each
+    operation's calls over the whole run (every scenario's, the failed ones' too)."""
+    return {"profile": latency.profile_named(args.latency).describe(), "added": proxy.stats(target)}
 
 
 def _run_chained(
@@ -265,7 +279,13 @@ def _run(args: argparse.Namespace) -> int:
     # A chain's stages each talk to the stand-in on a port of their own (their calls told
     # apart where they are served).
     more = len(chained.STAGES) if any(r.name == "chained" for r in regimes) else 0
-    with standin.moto_server(more_endpoints=more) as moto:
+    with standin.moto_server(more_endpoints=more) as moto, contextlib.ExitStack() as stack:
+        if args.latency:
+            _progress(f"latency proxy, profile {args.latency}, in front of the stand-in")
+            proxy = stack.enter_context(
+                latency.proxy_process([moto.url, *moto.endpoints], args.latency, args.seed)
+            )
+            shared |= {"proxy": proxy, "routes": proxy.routes, "proxy_pid": proxy.process.pid}
         for regime in regimes:
             found = run_regime(args, regime, moto, shared)
             path = write_json(args.out_dir, found)

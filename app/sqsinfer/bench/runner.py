@@ -132,6 +132,13 @@ class Context:
     handler: str = "xgboost"  # the worker's SQSINFER_HANDLER for this regime's model
     cpus: int = 0  # CPUs the machine gives this run (for the CPU-bound estimate)
     rate_per_s: float = 0.0  # tasks fed a second at most (0: as fast as they are taken)
+    # With --latency: the proxy in front of each stand-in endpoint, and its process.
+    routes: dict[str, str] = field(default_factory=dict)
+    proxy_pid: int = 0
+
+    def reach(self, endpoint: str) -> str:
+        """Where a scenario reaches a stand-in endpoint: through the latency proxy, if any."""
+        return self.routes.get(endpoint, endpoint)
 
     def in_flight(self, name: str) -> int:
         """Messages the scenario may hold at once (the feeder keeps the depth beyond them)."""
@@ -157,6 +164,7 @@ class Snapshot:
     moto_s: float
     bench_s: float
     worker: dict[str, float] = field(default_factory=dict)  # the worker's /metrics
+    proxy_s: float = 0.0  # the latency proxy's CPU (with --latency)
 
 
 @dataclass
@@ -304,7 +312,7 @@ class Tracker:
             time.sleep(POLL_S)
         return time.monotonic() - started
 
-    def snapshot(self, moto_pid: int) -> Snapshot:
+    def snapshot(self, moto_pid: int, proxy_pid: int = 0) -> Snapshot:
         return Snapshot(
             at=time.monotonic(),
             done=len(self.finished),
@@ -312,6 +320,7 @@ class Tracker:
             moto_s=probe.own_cpu_seconds(moto_pid) if moto_pid else 0.0,
             bench_s=probe.own_cpu_seconds(os.getpid()),
             worker=self._worker_metrics(),
+            proxy_s=probe.own_cpu_seconds(proxy_pid) if proxy_pid else 0.0,
         )
 
     def _worker_metrics(self) -> dict[str, float]:
@@ -349,10 +358,10 @@ def measure_together(ctx: Context, trackers: list[Tracker]) -> list[tuple[Snapsh
     for tracker in trackers:
         tracker.last_progress = time.monotonic()
     wait_all(trackers, [regime.warmup_tasks] * len(trackers), float("inf"))
-    firsts = [t.snapshot(ctx.moto_pid) for t in trackers]
+    firsts = [t.snapshot(ctx.moto_pid, ctx.proxy_pid) for t in trackers]
     wanted = [first.done + regime.tasks for first in firsts]
     wait_all(trackers, wanted, firsts[0].at + regime.max_window_s)
-    lasts = [t.snapshot(ctx.moto_pid) for t in trackers]
+    lasts = [t.snapshot(ctx.moto_pid, ctx.proxy_pid) for t in trackers]
     for tracker in trackers:
         tracker.launched.tree.record_peaks()
     return list(zip(firsts, lasts, strict=True))
@@ -362,14 +371,14 @@ def measure(ctx: Context, tracker: Tracker, profile_path: str = "") -> tuple[Sna
     regime = ctx.regime
     tracker.last_progress = time.monotonic()
     tracker.wait_for(regime.warmup_tasks, float("inf"))
-    first = tracker.snapshot(ctx.moto_pid)
+    first = tracker.snapshot(ctx.moto_pid, ctx.proxy_pid)
     spy = None
     if profile_path:
         spy = profile.start(tracker.launched.process.pid, profile_path, regime.max_window_s)
         if spy is None:
             log.warning(Event.PY_SPY_MISSING)
     tracker.wait_for(first.done + regime.tasks, first.at + regime.max_window_s)
-    last = tracker.snapshot(ctx.moto_pid)
+    last = tracker.snapshot(ctx.moto_pid, ctx.proxy_pid)
     tracker.launched.tree.record_peaks()
     if spy is not None:
         profile.stop(spy)
@@ -456,6 +465,7 @@ def summarize(
             )
         ),
         "emulator_cpu_s_per_task": per_task(last.moto_s - first.moto_s) if ctx.moto_pid else None,
+        "proxy_cpu_s_per_task": per_task(last.proxy_s - first.proxy_s) if ctx.proxy_pid else None,
         "bench_cpu_s_per_task": per_task(last.bench_s - first.bench_s),
         "cpu_bound": cpu_bound(ctx, tasks, window_s, first, last),
         "peak_rss_mb": tracker.launched.tree.peak_rss_mb(),
@@ -469,12 +479,13 @@ def summarize(
 def cpu_bound(
     ctx: Context, tasks: int, window_s: float, first: Snapshot, last: Snapshot
 ) -> dict[str, float] | None:
-    """What the machine's CPUs allow: all CPU spent per task (scenario, emulator, bench),
-    the tasks/s that would fill every CPU, and how much of the CPUs the window used."""
+    """What the machine's CPUs allow: all CPU spent per task (scenario, emulator, bench,
+    latency proxy), the tasks/s that would fill every CPU, and how much of them the
+    window used."""
     if not tasks or window_s <= 0:
         return None
     spent_s = probe.cpu_delta(first.tree, last.tree) + (last.moto_s - first.moto_s)
-    spent_s += last.bench_s - first.bench_s
+    spent_s += (last.bench_s - first.bench_s) + (last.proxy_s - first.proxy_s)
     cpus = ctx.cpus or 1
     return {
         "cpu_s_per_task_all": round(spent_s / tasks, 6),

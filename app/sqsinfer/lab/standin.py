@@ -182,12 +182,17 @@ def moto_server(port: int = 0, more_endpoints: int = 0) -> Iterator[MotoServer]:
             wait_until_up(endpoint, process)
         yield MotoServer(url, process, endpoints)
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        end(process)
+
+
+def end(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM a helper process, and kill it if it has not gone 10 s later."""
+    process.terminate()
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 # Headers that describe one connection or one framing, answered afresh by the server.
