@@ -44,6 +44,7 @@ class Event(StrEnum):
     LAST_RECEIVE_ABANDONED = "last receive abandoned"
     RECEIVING_PAUSED = "no inference process can start: receiving paused, releasing"
     RECEIVING_RESUMED = "an inference process is back: receiving again"
+    WORK_DONE = "work done, stopping"  # max_tasks taken, or idle for exit_when_idle_s
     # one message's outcome and its steps
     TASK_FAILED = "task failed, will retry"
     DELETE_FAILED = "delete failed"

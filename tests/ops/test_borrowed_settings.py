@@ -52,6 +52,8 @@ FORMS: dict[str, tuple[str, ...]] = {
     "task_time_s": ("60.0",),
     "drain_deadline_s": ("0.0", "90"),
     "max_task_time_s": ("900.0",),
+    "exit_when_idle_s": ("0.0", "60"),
+    "max_tasks": ("0", "1000"),
     "always_head_output": ("false", "true", "1", "no"),
     "chain_settle_s": ("30.0",),
     "chain_dedup_window_s": ("240.0", "0"),
