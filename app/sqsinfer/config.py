@@ -218,6 +218,18 @@ class Settings:
         float,
     )
     max_task_time_s: float = _opt(900.0, "a task running longer is abandoned and retried", float)
+    exit_when_idle_s: float = _opt(
+        0.0,
+        "exit (status 0) once nothing was received and nothing was in flight for this long; "
+        "0 = never (a job's worker ends when its queue is empty)",
+        float,
+    )
+    max_tasks: int = _opt(
+        0,
+        "stop receiving after this many messages, finish them and exit (status 0); one "
+        "handed back unstarted does not count; 0 = no limit",
+        int,
+    )
     always_head_output: bool = _opt(
         False,
         "look for the output (HEAD) before computing on every delivery, not only on "
@@ -259,6 +271,12 @@ class Settings:
     health_port: int = _opt(8080, "port of /livez /readyz /metrics; 0 picks a free one", int)
     stall_s: float = _opt(
         120.0, "/livez fails when the worker made no progress for this long", float
+    )
+    queue_sample_s: float = _opt(
+        60.0,
+        "how often the depth of the queue and its dead-letter queue is read for /metrics "
+        "(GetQueueAttributes, one call a queue); 0 = never",
+        float,
     )
     log_level: str = _opt("INFO", "DEBUG, INFO, WARNING or ERROR")
     log_format: str = _opt("auto", "json, console, or auto (console on a terminal)")
@@ -457,6 +475,9 @@ def _check_numbers(s: Settings, _: bool) -> None:
         _require(getattr(s, name) > 0, name, "must be above 0")
     _require(0 <= s.health_port <= 65535, "health_port", "must be 0-65535")
     _require(s.stall_s > s.wait_time_s, "stall_s", "must be longer than the receive wait")
+    _require(s.queue_sample_s >= 0, "queue_sample_s", "must be 0 (never) or more")
+    _require(s.exit_when_idle_s >= 0, "exit_when_idle_s", "must be 0 (never) or more")
+    _require(s.max_tasks >= 0, "max_tasks", "must be 0 (no limit) or more")
 
 
 def _check_task_times(s: Settings) -> None:

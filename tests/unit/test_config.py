@@ -102,6 +102,9 @@ def test_available_cpus_respects_affinity():
             "SQSINFER_HEARTBEAT_S",
         ),
         ({"SQSINFER_HEALTH_PORT": "70000"}, "SQSINFER_HEALTH_PORT"),
+        ({"SQSINFER_EXIT_WHEN_IDLE_S": "-1"}, "SQSINFER_EXIT_WHEN_IDLE_S"),
+        ({"SQSINFER_MAX_TASKS": "-5"}, "SQSINFER_MAX_TASKS"),
+        ({"SQSINFER_MAX_TASKS": "2.5"}, "SQSINFER_MAX_TASKS"),
         ({"SQSINFER_RETRY_BASE_S": "100", "SQSINFER_RETRY_MAX_S": "10"}, "SQSINFER_RETRY_BASE_S"),
         # What every output's metadata carries must be ASCII of a bounded length.
         ({"SQSINFER_MODEL_VERSION": "v 1"}, "SQSINFER_MODEL_VERSION"),
