@@ -20,9 +20,12 @@ from sqsinfer.config import ENV_PREFIX
 from tests.deploy.chart import KEDA_API, KEDA_JOB_API, MONITORING_APIS, Rendered, render
 from tests.deploy.test_helm_chart import (
     BASE_KINDS,
+    EVERYTHING_ON,
     KUBE_VERSIONS,
     STAGES,
     example,
+    flatten,
+    shutdown_settings,
     validate_manifest,
     with_values,
 )
@@ -76,6 +79,26 @@ def test_job_mode_lints_clean() -> None:
     report = helm.lint(CHART, everything, strict=True)
     assert report["errors"] == []
     assert [m for m in report["messages"] if m["severity"] >= 2] == []
+
+
+@pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
+def test_every_knob_on_in_job_mode_renders_valid_manifests(
+    chart: helm.Chart, kube_version: str
+) -> None:
+    knobs = flatten(EVERYTHING_ON) | {
+        "keda__mode": "job",
+        "keda__pausedReplicas": None,  # the ScaledObject's alone
+        "keda__fallback": {},
+        "keda__oldestMessageAge__enabled": True,
+        "grafanaDashboard__enabled": True,
+        "worker__exit_when_idle_s": 120,
+        "worker__max_tasks": 1000,
+    }
+    rendered = render(chart, with_values(example("stage1"), **knobs))
+    kinds = {"ServiceMonitor", "PrometheusRule", "NetworkPolicy", "ConfigMap"}
+    assert rendered.kinds() == JOB_KINDS | kinds
+    for doc in rendered.docs:
+        validate_manifest(doc, kube_version)
 
 
 def test_the_jobs_pod_is_the_deployments_pod(chart: helm.Chart) -> None:
@@ -140,6 +163,21 @@ def test_the_scaled_jobs_knobs(chart: helm.Chart) -> None:
         validate_manifest(doc, KUBE_VERSIONS[0])
     with pytest.raises(helm.HelmValuesError, match="/keda/job/rollout"):
         chart.validate_schema(job_mode({"keda": {"job": {"rollout": "rolling"}}}))
+
+
+def test_a_jobs_worker_exits_when_its_queue_stays_empty(chart: helm.Chart, tmp_path: Path) -> None:
+    env = job_env(render(chart, job_mode()))
+    assert env[IDLE_ENV] == "60"
+    assert shutdown_settings(env, tmp_path).exit_when_idle_s == 60  # the worker reads it
+    rendered = render(chart, job_mode({"worker": {"exit_when_idle_s": 300}}))
+    (container,) = job_spec(rendered)["jobTargetRef"]["template"]["spec"]["containers"]
+    assert [e["value"] for e in container["env"] if e["name"] == IDLE_ENV] == ["300"]  # once
+    assert IDLE_ENV not in render(chart).env()  # a Deployment's worker runs until stopped
+
+
+def test_a_job_may_be_bounded_by_tasks(chart: helm.Chart, tmp_path: Path) -> None:
+    env = job_env(render(chart, job_mode({"worker": {"max_tasks": 500}})))
+    assert shutdown_settings(env, tmp_path).max_tasks == 500
 
 
 @pytest.mark.parametrize(

@@ -63,7 +63,10 @@ def test_a_jobs_pod_exits_0_once_its_queue_is_empty(
     assert {r["outcome"] for r in finished} == {"committed"}
     assert len(finished) == len(chain.tasks)
     last_task_at = max(log_time(r) for r in finished)
-    assert exited_at - last_task_at >= IDLE_S  # it waited out the idle time, then left
+    done = first(records, "work done, stopping")  # it waited out the idle time, then left
+    assert done["reason"] == "idle" and done["idle_s"] >= IDLE_S
+    assert done["taken"] == len(chain.tasks)
+    assert exited_at > log_time(done) > last_task_at
 
     def since(t: float) -> float:
         return round(t - started_at, 3)
@@ -73,5 +76,6 @@ def test_a_jobs_pod_exits_0_once_its_queue_is_empty(
         "exit_when_idle_s": IDLE_S,
         "ready": since(log_time(first(records, "ready"))),
         "last task committed": since(last_task_at),
+        "work done, stopping (idle)": since(log_time(done)),
         "container exited, code 0": since(exited_at),
     }
