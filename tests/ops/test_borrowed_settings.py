@@ -51,7 +51,7 @@ FORMS: dict[str, tuple[str, ...]] = {
     "wait_time_s": ("20", "0"),
     "task_time_s": ("60.0",),
     "drain_deadline_s": ("0.0", "90"),
-    "max_task_time_s": ("900.0",),
+    "max_task_time_s": ("0.0", "900"),
     "exit_when_idle_s": ("0.0", "60"),
     "max_tasks": ("0", "1000"),
     "always_head_output": ("false", "true", "1", "no"),

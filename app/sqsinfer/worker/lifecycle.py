@@ -107,8 +107,7 @@ class Worker:
         self._forced = asyncio.Event()
         self._background: list[asyncio.Task[Any]] = []
         self._shutdown_at: float | None = None
-        # OpenTelemetry's variables (OTEL_*) decide; `tracing.OFF` without the otel extra.
-        self.tracer = tracing.from_env(service_instance=settings.worker_id, component="worker")
+        self.tracer = worker_tracer(settings)
         # The long poll the main loop has out (None once its answer was taken), and when
         # it was sent.
         self._receiving: asyncio.Task[list[Message]] | None = None
@@ -545,6 +544,12 @@ class Worker:
 
     def metrics_text(self, openmetrics_format: bool = False) -> bytes:
         return self.metrics.render(openmetrics_format)
+
+
+def worker_tracer(settings: config.Settings) -> tracing.Tracer:
+    """The worker's tracer: OpenTelemetry's variables (OTEL_*) decide; `tracing.OFF`
+    without the otel extra. A bad variable raises an ExternalConfigError naming it."""
+    return tracing.from_env(service_instance=settings.worker_id, component="worker")
 
 
 async def run_worker(
