@@ -264,6 +264,25 @@ class Settings:
         "(GetQueueAttributes, one call a queue); 0 = never",
         float,
     )
+    pod_deletion_cost: bool = _opt(
+        False,
+        "keep this pod's controller.kubernetes.io/pod-deletion-cost current through the "
+        "Kubernetes API (high while it holds messages, low when idle), so that a scale-in "
+        "removes idle pods first; needs POD_NAME and POD_NAMESPACE (the downward API) and a "
+        "token that may patch the pod",
+        _flag,
+    )
+    pod_deletion_cost_idle_s: float = _opt(
+        10.0,
+        "with pod_deletion_cost: how long the worker holds nothing before its pod's cost is "
+        "set low (turning busy sets it high at once), so at most two patches a pod this long",
+        float,
+    )
+    kube_token_dir: str = _opt(
+        "/var/run/secrets/kubernetes.io/serviceaccount",
+        "where the Kubernetes API's token and ca.crt are read (pod_deletion_cost): a "
+        "service account token's volume",
+    )
     log_level: str = _opt("INFO", "DEBUG, INFO, WARNING or ERROR")
     log_format: str = _opt("auto", "json, console, or auto (console on a terminal)")
     worker_id: str = _opt("", "name in output metadata and logs; default: the host name")
@@ -471,6 +490,7 @@ def _check_numbers(s: Settings, _: bool) -> None:
     _require(s.queue_sample_s >= 0, "queue_sample_s", "must be 0 (never) or more")
     _require(s.exit_when_idle_s >= 0, "exit_when_idle_s", "must be 0 (never) or more")
     _require(s.max_tasks >= 0, "max_tasks", "must be 0 (no limit) or more")
+    _require(s.pod_deletion_cost_idle_s > 0, "pod_deletion_cost_idle_s", "must be above 0")
 
 
 def _check_task_times(s: Settings) -> None:

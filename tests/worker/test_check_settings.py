@@ -140,6 +140,15 @@ def test_a_bad_setting_exits_2_naming_it_as_start_up_does(
         ({"AWS_REGION": ""}, "SQSINFER_REGION"),  # none at all: the worker's own setting
         ({"SQSINFER_MODEL_PATH": "/nonexistent/model.ubj"}, "SQSINFER_MODEL_PATH"),
         ({"SQSINFER_MAX_TASK_TIME_S": "30"}, "SQSINFER_MAX_TASK_TIME_S"),
+        (
+            {
+                "SQSINFER_POD_DELETION_COST": "true",
+                "KUBERNETES_SERVICE_HOST": "10.96.0.1",
+                "SQSINFER_KUBE_TOKEN_DIR": "/nonexistent",
+            },
+            "SQSINFER_KUBE_TOKEN_DIR",
+        ),
+        ({"SQSINFER_POD_DELETION_COST": "true"}, "KUBERNETES_SERVICE_HOST"),  # not in a pod
     ],
 )
 def test_each_kind_of_bad_variable_is_named(

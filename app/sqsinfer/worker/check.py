@@ -22,6 +22,7 @@ from typing import Any
 from sqsinfer import config
 from sqsinfer.aws.endpoints import SERVICES, AwsTarget
 from sqsinfer.aws.session import resolve_target
+from sqsinfer.worker import pod_cost
 from sqsinfer.worker.lifecycle import worker_tracer
 
 
@@ -31,6 +32,7 @@ class Resolved:
     origins: dict[str, str]  # each setting's source (`config.origins`)
     aws: AwsTarget
     traces: bool  # whether spans would be exported
+    kube: pod_cost.KubeTarget | None  # the pod whose deletion cost is kept (None: off)
 
 
 def resolve(settings: config.Settings, origins: dict[str, str]) -> Resolved:
@@ -39,7 +41,7 @@ def resolve(settings: config.Settings, origins: dict[str, str]) -> Resolved:
     _, target = resolve_target(settings.region, settings.endpoint_url)
     tracer = worker_tracer(settings)
     tracer.shutdown(0.0)  # nothing was recorded: nothing to send
-    return Resolved(settings, origins, target, tracer.enabled)
+    return Resolved(settings, origins, target, tracer.enabled, pod_cost.target(settings))
 
 
 def _text(value: Any) -> str:
@@ -73,6 +75,9 @@ def report(found: Resolved) -> str:
         rows.append((f"endpoint.{service}", url, source))
     rows.append(("ca_bundle", aws.ca_bundle or "the system's", aws.ca_bundle_from or "default"))
     rows.append(("traces", "exported" if found.traces else "off", "OTEL_* variables"))
+    kube = found.kube
+    pod = kube.pod_url if kube else "off"
+    rows.append(("pod_deletion_cost", pod, "KUBERNETES_SERVICE_HOST, POD_NAME" if kube else ""))
     width = max(len(f"{name}={value}") for name, value, _ in rows)
     lines = ["# sqsinfer worker: the settings start-up would run on (nothing was contacted)"]
     lines += [f"{f'{name}={value}':<{width}}  # {source}" for name, value, source in rows]

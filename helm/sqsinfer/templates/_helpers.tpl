@@ -534,6 +534,7 @@ spec:
         - name: SQSINFER_EXIT_WHEN_IDLE_S
           value: {{ include "sqsinfer.jobExitWhenIdle" . | quote }}
         {{- end }}
+        {{- include "sqsinfer.podDeletionCostEnv" . }}
         {{- with .Values.extraEnv }}
         {{- toYaml . | nindent 8 }}
         {{- end }}
@@ -591,6 +592,11 @@ spec:
           subPath: {{ . }}
           {{- end }}
         {{- end }}
+        {{- if include "sqsinfer.podDeletionCost" . }}
+        - name: kube-api
+          mountPath: {{ include "sqsinfer.kubeTokenDir" . }}
+          readOnly: true
+        {{- end }}
         {{- with .Values.extraVolumeMounts }}
         {{- toYaml . | nindent 8 }}
         {{- end }}
@@ -610,6 +616,27 @@ spec:
     {{- with .Values.model.volume }}
     - name: model
       {{- toYaml . | nindent 6 }}
+    {{- end }}
+    {{- if include "sqsinfer.podDeletionCost" . }}
+    # The Kubernetes API's token (bound to the pod, an hour, rotated by the kubelet), its
+    # CA and the namespace, for the pod's deletion cost alone (the ServiceAccount's own
+    # token stays unmounted).
+    - name: kube-api
+      projected:
+        sources:
+          - serviceAccountToken:
+              path: token
+              expirationSeconds: 3600
+          - configMap:
+              name: kube-root-ca.crt
+              items:
+                - key: ca.crt
+                  path: ca.crt
+          - downwardAPI:
+              items:
+                - path: namespace
+                  fieldRef:
+                    fieldPath: metadata.namespace
     {{- end }}
     {{- with .Values.extraVolumes }}
     {{- toYaml . | nindent 4 }}
@@ -740,4 +767,34 @@ pod to remove its node; podAnnotations win.
 {{- $own = dict "karpenter.sh/do-not-disrupt" "true" "cluster-autoscaler.kubernetes.io/safe-to-evict" "false" }}
 {{- end }}
 {{- merge (deepCopy (.Values.podAnnotations | default dict)) $own | toYaml }}
+{{- end }}
+
+{{/* Whether the worker keeps its pod's deletion cost (worker.pod_deletion_cost). */}}
+{{- define "sqsinfer.podDeletionCost" -}}
+{{- if .Values.worker.pod_deletion_cost }}true{{ end }}
+{{- end }}
+
+{{/* Where the kube-api volume is mounted: worker.kube_token_dir, else the chart's path. */}}
+{{- define "sqsinfer.kubeTokenDir" -}}
+{{- .Values.worker.kube_token_dir | default "/var/run/secrets/sqsinfer/kube-api" }}
+{{- end }}
+
+{{/* The environment the deletion cost needs beyond worker.*: the pod (downward API), and
+the token's path when worker.kube_token_dir is empty. */}}
+{{- define "sqsinfer.podDeletionCostEnv" -}}
+{{- if include "sqsinfer.podDeletionCost" . }}
+        # The pod's deletion cost: high while it holds messages, low when idle.
+        - name: POD_NAME
+          valueFrom:
+            fieldRef:
+              fieldPath: metadata.name
+        - name: POD_NAMESPACE
+          valueFrom:
+            fieldRef:
+              fieldPath: metadata.namespace
+        {{- if not .Values.worker.kube_token_dir }}
+        - name: SQSINFER_KUBE_TOKEN_DIR
+          value: {{ include "sqsinfer.kubeTokenDir" . | quote }}
+        {{- end }}
+{{- end }}
 {{- end }}
