@@ -87,6 +87,8 @@ class Event(StrEnum):
     # SQS
     QUEUE_DEPTH_UNKNOWN = "cannot read the depth of a queue"
     QUEUE_DEPTH_KNOWN = "the depth of a queue is read again"
+    POD_COST_NOT_SET = "cannot set the pod's deletion cost"
+    POD_COST_SET_AGAIN = "the pod's deletion cost is set again"
     BATCH_ENTRY_FAILED = "batch entry failed"
     EXTENSION_CALL_FAILED = "extension call failed"
     VISIBILITY_EXTENSION_ENTRY_FAILED = "visibility extension entry failed"

@@ -199,6 +199,19 @@ class Metrics:
             "(SentTimestamp); 0 after a receive that brought nothing",
             registry=r,
         )
+        self.pod_deletion_cost = Gauge(
+            "sqsinfer_pod_deletion_cost",
+            "The pod-deletion-cost this worker last set on its pod (pod_deletion_cost): "
+            "high while it holds messages, low when idle; none while it is off",
+            ["pod"],
+            registry=r,
+        )
+        self.pod_deletion_cost_errors = Counter(
+            "sqsinfer_pod_deletion_cost_errors",
+            "Patches of this pod's deletion cost the Kubernetes API refused or never "
+            "answered (tasks go on; the next one is tried later)",
+            registry=r,
+        )
         self.info = Gauge(
             "sqsinfer_info",
             "Always 1; the labels say what this worker runs",

@@ -179,6 +179,19 @@ def test_the_drain_is_derived_from_the_task_time_when_unset(env):
     assert Settings.load(env | {"SQSINFER_DRAIN_DEADLINE_S": "80"}).drain_deadline_s == 80.0
 
 
+def test_the_task_time_limit_is_derived_from_the_task_time_when_unset(env):
+    """3 x task_time_s, at least 15 minutes, at most SQS's 12 h: a stage of long tasks
+    sets task_time_s alone."""
+    for task_s, limit_s in ((60, 900.0), (1200, 3600.0), (20000, 43200.0)):
+        settings = Settings.load(env | {"SQSINFER_TASK_TIME_S": str(task_s)})
+        assert settings.max_task_time_s == limit_s
+    pinned = env | {"SQSINFER_TASK_TIME_S": "1200", "SQSINFER_MAX_TASK_TIME_S": "1500"}
+    assert Settings.load(pinned).max_task_time_s == 1500.0
+    with pytest.raises(ConfigError) as caught:
+        Settings.load(env | {"SQSINFER_TASK_TIME_S": "50000"})
+    assert caught.value.setting == "SQSINFER_TASK_TIME_S"
+
+
 def test_an_output_prefix_may_name_the_model(env):
     s = Settings.load(
         env

@@ -169,7 +169,9 @@ def test_exit_when_idle_ends_with_0_once_the_queue_is_empty_and_every_task_commi
 ):
     for i in range(4):
         stage.send({"task_id": f"i{i}", "input": _slow_input(stage, f"i{i}.npy", 0.2)})
-    code, lines = _run_to_the_end(_env(stage, model_path), "--exit-when-idle-s", "2")
+    # prefetch pinned: an auto limit's change would log a line among the lifecycle's.
+    env = _env(stage, model_path, SQSINFER_PREFETCH="2")
+    code, lines = _run_to_the_end(env, "--exit-when-idle-s", "2")
     assert code == 0
     assert _lifecycle(lines) == [
         "starting",

@@ -52,7 +52,7 @@ from sqsinfer.logs import Event
 from sqsinfer.metrics import Metrics, Phase
 from sqsinfer.outcomes import Outcome
 from sqsinfer.runtime import STOP_SIGNALS, EarlySignals
-from sqsinfer.worker import assemble
+from sqsinfer.worker import assemble, pod_cost
 from sqsinfer.worker.health import HealthServer
 from sqsinfer.worker.inflight import InFlightLimit
 from sqsinfer.worker.pipeline import FINISHING_STEPS, Held, Pipeline, Step
@@ -109,8 +109,10 @@ class Worker:
         self._forced = asyncio.Event()
         self._background: list[asyncio.Task[Any]] = []
         self._shutdown_at: float | None = None
-        # OpenTelemetry's variables (OTEL_*) decide; `tracing.OFF` without the otel extra.
-        self.tracer = tracing.from_env(service_instance=settings.worker_id, component="worker")
+        self.tracer = worker_tracer(settings)
+        # This pod's object in the Kubernetes API, when pod_deletion_cost is on.
+        self.kube = pod_cost.target(settings)
+        self.deletion_cost: pod_cost.DeletionCost | None = None
         # The long poll the main loop has out (None once its answer was taken), and when
         # it was sent.
         self._receiving: asyncio.Task[list[Message]] | None = None
@@ -199,7 +201,17 @@ class Worker:
         sampler = assemble.queue_depth(s, clients, found, self.metrics)
         if sampler is not None:
             self._background.append(asyncio.create_task(sampler.run(), name="queue-depth"))
+        if self.kube is not None:
+            self.deletion_cost = pod_cost.DeletionCost(
+                self.kube, self.metrics, self._holds, s.pod_deletion_cost_idle_s
+            )
+            cost = asyncio.create_task(self.deletion_cost.run(), name="pod-deletion-cost")
+            self._background.append(cost)
         return pipeline
+
+    def _holds(self) -> bool:
+        """Whether any message is held: the pod is busy, and costly to delete."""
+        return bool(self.held)
 
     # -- main loop --------------------------------------------------------------------
     async def main_loop(self, pipeline: Pipeline) -> None:
@@ -443,7 +455,9 @@ class Worker:
             },
         )
         self._release(unstarted)  # each waits for the pending receive before it goes
-        await asyncio.gather(self._drain(pipeline.queue), self._end_last_receive(pipeline))
+        await asyncio.gather(
+            self._drain(pipeline.queue), self._end_last_receive(pipeline), self._cost_low()
+        )
         for task in self._background:
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
@@ -451,6 +465,10 @@ class Worker:
             await pipeline.next_stage.drain()
         await pipeline.queue.drain()
         log.info(Event.STOPPED, extra={"outcomes": dict(self.metrics.outcomes)})
+
+    async def _cost_low(self) -> None:
+        if self.deletion_cost is not None:
+            await self.deletion_cost.lowest()
 
     async def _drain(self, queue: SqsQueue) -> None:
         deadline = time.monotonic() + self.settings.drain_deadline_s
@@ -552,6 +570,12 @@ class Worker:
 
     def metrics_text(self, openmetrics_format: bool = False) -> bytes:
         return self.metrics.render(openmetrics_format)
+
+
+def worker_tracer(settings: config.Settings) -> tracing.Tracer:
+    """The worker's tracer: OpenTelemetry's variables (OTEL_*) decide; `tracing.OFF`
+    without the otel extra. A bad variable raises an ExternalConfigError naming it."""
+    return tracing.from_env(service_instance=settings.worker_id, component="worker")
 
 
 async def run_worker(
