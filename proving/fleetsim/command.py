@@ -15,6 +15,7 @@ from proving.fleetsim.engine import Simulation
 from proving.fleetsim.model import (
     DAY_S,
     HOUR_S,
+    JOB_EXIT_WHEN_IDLE_S,
     Aws,
     Behavior,
     FleetConfig,
@@ -32,7 +33,16 @@ from sqsinfer.worker import inflight
 
 # The worker's settings the fleet runs with: `sqsinfer plan`'s, and what a drain and a
 # retry take.
-BORROWED = (*planning.BORROWED, "task_time_s", "drain_deadline_s", "retry_base_s", "retry_max_s")
+BORROWED = (
+    *planning.BORROWED,
+    "task_time_s",
+    "drain_deadline_s",
+    "retry_base_s",
+    "retry_max_s",
+    "exit_when_idle_s",
+    "max_tasks",
+    "pod_deletion_cost",
+)
 
 EPILOG = """\
 examples:
@@ -83,7 +93,6 @@ def parser() -> argparse.ArgumentParser:
     keda.add_argument("--scale-up-pods", type=int, default=4)
     keda.add_argument("--scale-down-percent", type=float, default=25.0)
     keda.add_argument("--scale-down-window-s", type=float, default=300.0)
-    keda.add_argument("--exit-when-idle-s", type=float, default=60.0, help="job mode (60)")
     pods = p.add_argument_group("pods and AWS")
     pods.add_argument("--pod-start-s", type=float, default=30.0, help="created to running (30)")
     pods.add_argument("--model-load-s", type=float, default=15.0, help="running to ready (15)")
@@ -118,6 +127,7 @@ def fleet_config(args: argparse.Namespace) -> tuple[FleetConfig, PlanInput]:
         next_stage=next_stage,
         always_head_output=s["always_head_output"],
         wait_time_s=s["wait_time_s"],
+        queue_sample_s=s["queue_sample_s"],
         idle_s=0.0,  # the simulation follows the fleet's own scale-in
         prices=Prices(),
         pod_hour_price=args.pod_hour_price,
@@ -135,7 +145,12 @@ def fleet_config(args: argparse.Namespace) -> tuple[FleetConfig, PlanInput]:
         retry_max_s=s["retry_max_s"],
         always_head_output=s["always_head_output"],
         next_stage=next_stage,
+        queue_sample_s=s["queue_sample_s"],
+        pod_deletion_cost=s["pod_deletion_cost"],
     )
+    if args.mode == "job":  # a Job's worker ends by itself (in a Deployment it restarts)
+        idle_s = s["exit_when_idle_s"] or JOB_EXIT_WHEN_IDLE_S
+        worker = dataclasses.replace(worker, exit_when_idle_s=idle_s, max_tasks=s["max_tasks"])
     keda = Keda(
         queue_length=args.queue_length or plan.queue_length,
         max_replicas=args.max_replicas or plan.keda_max_replicas,
@@ -147,7 +162,6 @@ def fleet_config(args: argparse.Namespace) -> tuple[FleetConfig, PlanInput]:
         scale_to_zero=args.scale_to_zero,
         scale_up=Behavior(0.0, args.scale_up_percent, args.scale_up_pods),
         scale_down=Behavior(args.scale_down_window_s, args.scale_down_percent, 0),
-        exit_when_idle_s=args.exit_when_idle_s,
     )
     cfg = FleetConfig(
         tasks=args.tasks,

@@ -41,7 +41,8 @@ from sqsinfer.limits import (
     SQS_FIFO_CALLS_PER_S,
 )
 from sqsinfer.ops.plan import Api, NextStage, delivery_requests
-from sqsinfer.worker import chain, inflight
+from sqsinfer.worker import chain, inflight, queue_depth
+from sqsinfer.worker.lifecycle import idle_long_enough, receive_wait_s
 from sqsinfer.worker.pipeline import looks_first
 from sqsinfer.worker.visibility import due
 
@@ -125,7 +126,7 @@ class Pod:
         "gone_at",
         "held",
         "idle",
-        "idle_since",
+        "last_activity",
         "limit",
         "name",
         "next_tick",
@@ -135,6 +136,7 @@ class Pod:
         "send_n",
         "send_until",
         "state",
+        "taken",
         "waiting",
     )
 
@@ -154,7 +156,10 @@ class Pod:
         self.batch = limit.receive_batch
         self.next_tick = math.inf
         self.polling = 0  # >0: a long poll is open (its number, to tell a stale end)
-        self.idle_since: float | None = None
+        # When it last received a message or ended a task (exit_when_idle_s), and the
+        # messages it took (max_tasks).
+        self.last_activity = created_at
+        self.taken = 0
         self.delete_until = self.send_until = -1.0
         self.delete_n = self.send_n = 0
 
@@ -303,6 +308,8 @@ class Simulation:
         self.out.ended_at = self.now
         self.out.calls[INDEX[Api.ENQUEUE]] = self.cfg.tasks / SQS_BATCH_MAX  # not simulated
         for pod in self.pods:
+            if pod.state != GONE:
+                self._sampled(pod, self.now)
             pod.gone_at = min(pod.gone_at, self.now)
         self._sample("final")
         return self.out
@@ -325,6 +332,7 @@ class Simulation:
         commit_s = self._commit(pod, m, now)
         self.out.done += 1
         self.last_done_at = max(self.last_done_at, now + commit_s)  # done once written
+        pod.last_activity = now
         pod.procs[i] = None
         pod.held -= 1
         limit = pod.limit
@@ -407,24 +415,32 @@ class Simulation:
 
     # -- receiving ----------------------------------------------------------------------
     def _receive(self, pod: Pod, at: float) -> None:
-        """The worker's main loop: receive while a receive batch of slots is free."""
+        """The worker's main loop: receive while a receive batch of slots is free (and,
+        with max_tasks, no more than it has left to take)."""
+        max_tasks = self.w.max_tasks
         while not pod.polling:
-            room = pod.limit.value - pod.held
-            if room < pod.batch:
+            room, batch = pod.limit.value - pod.held, pod.batch
+            if max_tasks:
+                left = max_tasks - pod.taken
+                room, batch = min(room, left), min(batch, left)
+            if room <= 0 or room < batch:
+                if max_tasks and pod.taken >= max_tasks and not pod.held:
+                    self._gone(pod, at)  # took its max_tasks and ended them: it exits 0
                 return
             k = room if room < SQS_BATCH_MAX else SQS_BATCH_MAX
             got = self.queue.take(k)
             if not got:
                 self._long_poll(pod, at)
                 return
-            self.out.calls[_RECEIVE] += 1
+            self.calls[_RECEIVE] += 1
             at += self.cfg.aws.receive_s
             self._deliver(pod, got, at)
 
     def _deliver(self, pod: Pod, messages: list[int], at: float) -> None:
         """Messages a receive brought at `at`: each makes its delivery's S3 requests up to
         its input (its HEAD first when it looks first), then waits for a process."""
-        pod.idle_since = None
+        pod.last_activity = at
+        pod.taken += len(messages)
         calls = self.calls
         hold_until = at + self.w.visibility_timeout_s
         always_head = self.w.always_head_output
@@ -449,11 +465,14 @@ class Simulation:
                 pod.waiting.append(m)
 
     def _long_poll(self, pod: Pod, at: float) -> None:
+        """The queue is empty: a long poll, ended by a message visible again or by its
+        wait (shortened, with exit_when_idle_s, to when the worker would be done)."""
         pod.polling = next(self.seq) + 1
-        if pod.idle_since is None and not pod.held:
-            pod.idle_since = at
+        wait_s = receive_wait_s(
+            int(self.w.wait_time_s), self.w.exit_when_idle_s, at - pod.last_activity, pod.held > 0
+        )
         self.queue.waiters.append(pod)
-        self.at(at + self.w.wait_time_s, self._poll_end, pod, pod.polling)
+        self.at(at + wait_s, self._poll_end, pod, pod.polling)
 
     def _poll_end(self, pod: Pod, token: int) -> None:
         if pod.polling != token:
@@ -462,18 +481,12 @@ class Simulation:
         self.out.calls[_RECEIVE_IDLE] += 1
         if pod.state != READY:
             return
-        if self._idle_long_enough(pod):
+        idle_s = self.now - pod.last_activity
+        if not pod.held and idle_long_enough(self.w.exit_when_idle_s, True, idle_s):
             self._gone(pod, self.now)  # its worker exits 0: the Job is complete
             return
         self._catch_up(pod, self.now)
         self._receive(pod, self.now)
-
-    def _idle_long_enough(self, pod: Pod) -> bool:
-        """Job mode: the worker holds nothing and its queue stayed empty exit_when_idle_s."""
-        k = self.cfg.keda
-        if k.mode != "job" or pod.idle_since is None or pod.held:
-            return False
-        return self.now - pod.idle_since >= k.exit_when_idle_s
 
     def _wake_waiters(self) -> None:
         """Messages visible again end the open long polls, oldest first."""
@@ -561,10 +574,20 @@ class Simulation:
         pod.state = GONE
         pod.gone_at = at
         pod.polling = 0
+        self._sampled(pod, at)
+
+    def _sampled(self, pod: Pod, until: float) -> None:
+        """Its reads of the queues' depth: one of each queue every queue_sample_s, from
+        its start (`worker.queue_depth`)."""
+        every_s = self.w.queue_sample_s
+        if every_s > 0 and until > pod.ready_at:
+            samples = math.ceil((until - pod.ready_at) / every_s)
+            self.calls[_DEPTH] += samples * len(queue_depth.SAMPLED)
 
     def _release(self, pod: Pod, m: Held) -> None:
         """Handed back with visibility 0 (a drain): visible again at once."""
         pod.held -= 1
+        pod.taken -= 0 if m.started_at else 1  # unstarted: not counted by max_tasks
         self._back_on_queue(m, self.now)
 
     def _kill(self, pod: Pod, _: Any) -> None:
@@ -626,11 +649,14 @@ class Simulation:
             self._new_pod()
         if replicas >= len(serving):
             return
-        # The ReplicaSet deletes pods not ready first, then the most recently ready.
-        order = [p for p in serving if p.state == STARTING] + sorted(
-            (p for p in serving if p.state == READY), key=lambda p: -p.ready_at
-        )
-        for pod in order[: len(serving) - replicas]:
+
+        # The ReplicaSet deletes pods not ready first, then (with pod_deletion_cost) the
+        # idle ones, then the most recently ready.
+        def order(pod: Pod) -> tuple[bool, bool, float]:
+            busy = self.w.pod_deletion_cost and pod.held > 0
+            return (pod.state == READY, busy, -pod.ready_at)
+
+        for pod in sorted(serving, key=order)[: len(serving) - replicas]:
             self._drain(pod)
 
     def _drain(self, pod: Pod) -> None:
@@ -716,6 +742,7 @@ class Simulation:
             self.stopped = True
 
 
-_RECEIVE, _RECEIVE_IDLE, _DELETE, _EXTEND, _SEND_NEXT = (
-    INDEX[a] for a in (Api.RECEIVE, Api.RECEIVE_IDLE, Api.DELETE, Api.EXTEND, Api.SEND_NEXT)
+_RECEIVE, _RECEIVE_IDLE, _DELETE, _EXTEND, _SEND_NEXT, _DEPTH = (
+    INDEX[a]
+    for a in (Api.RECEIVE, Api.RECEIVE_IDLE, Api.DELETE, Api.EXTEND, Api.SEND_NEXT, Api.DEPTH)
 )

@@ -65,9 +65,11 @@ class Keda:
     scale_on_in_flight: bool = False
     scale_up: Behavior = SCALE_UP
     scale_down: Behavior = SCALE_DOWN
-    # Job mode: a Job's worker exits once its queue stayed empty this long (the chart's
-    # worker.exit_when_idle_s default).
-    exit_when_idle_s: float = 60.0
+
+
+# Job mode: a Job's worker exits once its queue stayed empty this long unless
+# worker.exit_when_idle_s is set (the chart's default in job mode).
+JOB_EXIT_WHEN_IDLE_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,11 @@ class WorkerSettings:
     retry_max_s: float = 900.0
     always_head_output: bool = False
     next_stage: NextStage = NextStage.NONE
+    queue_sample_s: float = 60.0
+    # A worker that ends by itself (job mode; in a Deployment's pod it would be restarted).
+    exit_when_idle_s: float = 0.0
+    max_tasks: int = 0
+    pod_deletion_cost: bool = False  # a scale-in removes idle pods first
 
 
 @dataclass(frozen=True)

@@ -80,11 +80,14 @@ def test_seed_case_at_45_s_meets_48_h_with_515_pods():
     apis = [r.api for r in plan.requests]
     assert Api.HEAD.value not in apis  # a first delivery goes straight to the work
     assert plan.s3_requests == pytest.approx(SEED * 2)  # GET and PUT
-    sqs = SEED / 10 + receives + 515 * 570 / 20 + deletes + calls
+    # each pod reads its queue's and its DLQ's depth once a minute while it lives
+    depth = 515 * math.ceil((172_575 + 480) / 60) * 2
+    assert _request(plan, Api.DEPTH).total == depth  # 2,971,550
+    sqs = SEED / 10 + receives + 515 * 570 / 20 + deletes + calls + depth
     assert plan.sqs_requests == pytest.approx(sqs)
     s3_cost = SEED * 0.005 / 1000 + SEED * 0.0004 / 1000  # PUT $79 + GET $6.32
     assert plan.request_cost == pytest.approx(sqs * 0.40 / 1e6 + s3_cost)
-    assert plan.request_cost == pytest.approx(95.586, abs=0.001)
+    assert plan.request_cost == pytest.approx(96.775, abs=0.001)
 
 
 def test_the_seeds_job_at_21_s_on_2_processes_in_72_h_needs_641_pods():
@@ -207,6 +210,7 @@ def test_prices_and_batching_are_overridable():
             pod_hour_price=2.0,
             idle_s=0,
             wait_time_s=0,
+            queue_sample_s=0,
         )
     )
     assert _request(plan, Api.RECEIVE).total == 100_000
@@ -250,7 +254,7 @@ def test_command_table_and_exit_status(capsys):
     base = ["plan", "--tasks", "15.8M", "--seconds-per-task", "45", "--processes", "8"]
     assert cli.main([*base, "--deadline-h", "48"]) == 0
     out = capsys.readouterr().out
-    assert "515" in out and "KEDA queueLength" in out and "$95.59" in out
+    assert "515" in out and "KEDA queueLength" in out and "$96.77" in out
     assert "KEDA maxReplicas" in out and "keda.maxReplicas" in out
     assert cli.main([*base, "--deadline-h", "48", "--pods-max", "400"]) == 1
     assert "cannot be met" in capsys.readouterr().err

@@ -15,7 +15,7 @@ import pytest
 
 import proving
 from proving.fleetsim import command, keda
-from proving.fleetsim.engine import INDEX, Rate, Simulation
+from proving.fleetsim.engine import DRAINING, GONE, INDEX, READY, Rate, Simulation
 from proving.fleetsim.model import Aws, FleetConfig, Keda, Pods, TaskTimes, WorkerSettings
 from sqsinfer.limits import S3_PUT_PER_S_PER_PREFIX
 from sqsinfer.ops.plan import Api
@@ -125,6 +125,30 @@ def test_a_scale_in_cuts_a_task_longer_than_the_drain():
     assert out.done == 4
 
 
+@pytest.mark.parametrize("cost", [False, True])
+def test_a_scale_in_takes_idle_pods_first_with_the_deletion_cost(cost):
+    # Two pods ready together; the first takes the one task, the second idles. A scale-in
+    # to one removes the first of the newest (a tie: the first), unless the pods keep
+    # their deletion cost: then the idle one.
+    cfg = fleet(
+        1,
+        10.0,
+        keda=lambda k: dataclasses.replace(k, min_replicas=2, max_replicas=2),
+        worker=lambda w: dataclasses.replace(w, pod_deletion_cost=cost),
+    )
+    sim = Simulation(cfg)
+    states: list[tuple[int, ...]] = []
+    sim.at(5.0, lambda *_: sim._scale_to(1))
+    sim.at(5.0, lambda *_: states.append(tuple(p.state for p in sim.pods[:2])))
+    sim.run()
+    busy, idle = sim.pods[0], sim.pods[1]
+    assert busy.taken == 1 and idle.taken == 0
+    if cost:  # the idle one goes at once, the busy one keeps its task
+        assert states == [(READY, GONE)]
+    else:  # the busy one drains (its task finishes within the drain), the idle one stays
+        assert states == [(DRAINING, READY)]
+
+
 def test_the_hpa_doubles_a_minute_or_adds_four_whichever_is_more():
     hpa = keda.Hpa(Keda(queue_length=4, max_replicas=100))
     replicas, seen = 1, []
@@ -155,16 +179,42 @@ def test_a_scaled_job_starts_what_the_queue_asks_less_what_runs():
 
 
 def test_job_mode_jobs_end_once_idle_and_nothing_is_scaled_in():
-    cfg = fleet(200, 10.0, keda=lambda k: dataclasses.replace(k, mode="job", max_replicas=5))
+    cfg = fleet(
+        200,
+        10.0,
+        keda=lambda k: dataclasses.replace(k, mode="job", max_replicas=5),
+        worker=lambda w: dataclasses.replace(w, exit_when_idle_s=60.0),
+    )
     sim = Simulation(cfg)
     out = sim.run()
     # Five Jobs at the first poll (ceil(200 / 4) ≥ 5), each ready at 45 s: 20 waves of 10 s.
     assert len(sim.pods) == out.peak_pods == 5
     assert out.last_task_at == pytest.approx(45 + RECEIVE_S + GET_S + 200 + PUT_S)
     assert out.scale_ins == out.scale_in_kills == 0
-    # Each ends once its queue stayed empty 60 s: at the first empty poll (20 s) past it.
+    # Each worker exits once it held nothing and found its queue empty 60 s after its last
+    # task: its long polls after the commit wait 20, 20, then the 20 s left (the worker's
+    # `receive_wait_s`).
     for pod in sim.pods:
-        assert 60 <= pod.gone_at - out.last_task_at <= 60 + 20 + 10
+        assert pod.gone_at == pytest.approx(pod.last_activity + PUT_S + 60)
+    # Each read its queues' depth (two calls) every minute from its start.
+    samples = sum(math.ceil((p.gone_at - p.ready_at) / 60) for p in sim.pods)
+    assert calls(sim, Api.DEPTH) == 2 * samples
+
+
+def test_a_job_bounded_by_max_tasks_takes_no_more():
+    cfg = fleet(
+        20,
+        10.0,
+        keda=lambda k: dataclasses.replace(k, mode="job", max_replicas=2),
+        worker=lambda w: dataclasses.replace(w, max_tasks=6, exit_when_idle_s=60.0),
+    )
+    sim = Simulation(cfg)
+    out = sim.run()
+    # Two Jobs take 6 each (a receive of 4, then of the 2 left); KEDA starts no more while
+    # they run (8 visible: ceil(8 / 4) = 2, less the 2 running). Once they end, two more
+    # split the 8: each fills its 4 slots, and the queue is empty.
+    assert out.done == 20
+    assert [p.taken for p in sim.pods] == [6, 6, 4, 4]
 
 
 def test_s3_slows_a_fleet_down_to_a_prefixs_rate():

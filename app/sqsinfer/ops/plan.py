@@ -11,7 +11,8 @@ the batchers' linger, whether a delivery looks first):
   at most a call), then it receives again whenever `inflight.receive_batch(L)` slots are
   free, each receive bringing that many. Once the queue is empty each pod long-polls,
   one empty receive per `wait_time_s`, while its last messages finish and until it is
-  gone (`idle_s`).
+  gone (`idle_s`). Every `queue_sample_s` each pod reads its queue's and its DLQ's depth
+  (`worker.queue_depth`: one GetQueueAttributes a queue), from its start until it is gone.
 - deletes and next-stage sends are batched for `LINGER_S` / `SEND_LINGER_S` after their
   first entry: a call carries its first entry and those of the pod's other processes
   finishing within the linger, 1 + (P − 1) × linger / seconds_per_task.
@@ -45,7 +46,7 @@ from sqsinfer import sizing
 from sqsinfer.aws.sqs import LINGER_S, SEND_LINGER_S
 from sqsinfer.limits import SQS_BATCH_MAX
 from sqsinfer.ops import common
-from sqsinfer.worker import inflight, visibility
+from sqsinfer.worker import inflight, queue_depth, visibility
 from sqsinfer.worker.pipeline import looks_first
 
 SQS_PER_MILLION = 0.40
@@ -93,6 +94,7 @@ class Api(StrEnum):
     RECEIVE_IDLE = "ReceiveMessage (empty, idle)"
     DELETE = "DeleteMessageBatch"
     EXTEND = "ChangeMessageVisibilityBatch"
+    DEPTH = "GetQueueAttributes (depth)"
     SEND_NEXT = "SendMessageBatch (next stage)"
     HEAD = "HeadObject (output)"
     GET = "GetObject (input)"
@@ -146,6 +148,7 @@ class PlanInput:
     enqueue: bool = True
     always_head_output: bool = False
     wait_time_s: float = 20.0
+    queue_sample_s: float = 60.0
     idle_s: float = IDLE_S
     # Messages per receive and per delete call; None: the worker's own rules (above).
     messages_per_receive: float | None = None
@@ -321,6 +324,9 @@ def _requests(p: PlanInput, pods: int, wall_s: float) -> tuple[Request, ...]:
     delete = p.messages_per_delete or entries_per_call(p.processes, p.seconds_per_task, LINGER_S)
     totals[Api.DELETE] = p.tasks / delete
     totals[Api.EXTEND] = visibility_calls(p, pods)[1]
+    if p.queue_sample_s > 0:  # each pod, from its start until it is gone
+        samples = pods * math.ceil((wall_s + p.idle_s) / p.queue_sample_s)
+        totals[Api.DEPTH] = samples * len(queue_depth.SAMPLED)
     if Api.SEND_NEXT in totals:
         per_call = entries_per_call(p.processes, p.seconds_per_task, SEND_LINGER_S)
         totals[Api.SEND_NEXT] /= per_call
@@ -341,7 +347,10 @@ def validate(p: PlanInput) -> None:
         (p.pods_max is None or p.pods_max >= 1, "pods max must be at least 1"),
         (p.deadline_s is None or p.deadline_s > 0, "the deadline must be above 0"),
         (0 < p.heartbeat_s < p.visibility_timeout_s, "heartbeat must be below the visibility"),
-        (p.wait_time_s >= 0 and p.idle_s >= 0, "wait time and idle time must be 0 or more"),
+        (
+            min(p.wait_time_s, p.idle_s, p.queue_sample_s) >= 0,
+            "wait time, idle time and queue sample interval must be 0 or more",
+        ),
     ]
     for per_call in (p.messages_per_receive, p.messages_per_delete):
         if per_call is not None:
@@ -506,6 +515,7 @@ BORROWED = (
     "heartbeat_s",
     "wait_time_s",
     "always_head_output",
+    "queue_sample_s",
 )
 SIZED_BY = ("max_input_bytes", "max_decoded_bytes", "model_path", "model_dir", "max_model_bytes")
 _NOTES = {
@@ -514,6 +524,7 @@ _NOTES = {
     "max_prefetch": "the pod is sized for it when prefetch is auto",
     "model_path": "an s3:// model is fetched into /tmp, which is sized for it",
     "wait_time_s": "the empty long polls of idle pods",
+    "queue_sample_s": "each pod's reads of its queues' depth",
 }
 
 
@@ -598,6 +609,7 @@ def plan_input(args: argparse.Namespace) -> PlanInput:
         enqueue=not args.no_enqueue,
         always_head_output=args.always_head_output,
         wait_time_s=args.wait_time_s,
+        queue_sample_s=args.queue_sample_s,
         idle_s=args.idle_s,
         messages_per_receive=args.messages_per_receive,
         messages_per_delete=args.messages_per_delete,
