@@ -28,7 +28,7 @@ from proving.fleetsim.model import (
 from sqsinfer import config
 from sqsinfer.ops import common
 from sqsinfer.ops import plan as planning
-from sqsinfer.ops.plan import NextStage, PlanError, PlanInput, Prices, make_plan
+from sqsinfer.ops.plan import IDLE_S, NextStage, PlanError, PlanInput, Prices, make_plan
 from sqsinfer.worker import inflight
 
 # The worker's settings the fleet runs with: `sqsinfer plan`'s, and what a drain and a
@@ -128,7 +128,9 @@ def fleet_config(args: argparse.Namespace) -> tuple[FleetConfig, PlanInput]:
         always_head_output=s["always_head_output"],
         wait_time_s=s["wait_time_s"],
         queue_sample_s=s["queue_sample_s"],
-        idle_s=0.0,  # the simulation follows the fleet's own scale-in
+        # After its last task a pod idles through the chart's scale-down (the plan's
+        # default), or a Job's worker until its queue stayed empty long enough.
+        idle_s=(s["exit_when_idle_s"] or JOB_EXIT_WHEN_IDLE_S) if args.mode == "job" else IDLE_S,
         prices=Prices(),
         pod_hour_price=args.pod_hour_price,
     )
