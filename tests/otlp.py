@@ -1,7 +1,11 @@
-"""The spans an OTLP/HTTP receiver got, decoded with opentelemetry-proto (the exporter's own)."""
+"""The spans an OTLP/HTTP receiver got, decoded with opentelemetry-proto (the exporter's own);
+a collector that never answers."""
 
 from __future__ import annotations
 
+import socket
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -97,3 +101,52 @@ def otlp(monkeypatch: pytest.MonkeyPatch) -> Iterator[OtlpReceiver]:
         monkeypatch.setenv("OTEL_SERVICE_NAME", "sqsinfer-test")
         monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")  # export within 0.1 s
         yield receiver
+
+
+class SilentCollector:
+    """A collector that is there and stuck: it accepts every connection, reads what comes
+    and never answers. `requests`: the connections that sent something (the exporter
+    waits for each answer before it sends again); `first_request_at`: monotonic."""
+
+    def __init__(self) -> None:
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self._held: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self.requests = 0
+        self.first_request_at: float | None = None
+        threading.Thread(target=self._accept, name="silent-collector", daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        host, port = self._server.getsockname()[:2]
+        return f"http://{host}:{port}"
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                connection, _ = self._server.accept()
+            except OSError:  # closed
+                return
+            with self._lock:
+                self._held.append(connection)
+            threading.Thread(target=self._read, args=(connection,), daemon=True).start()
+
+    def _read(self, connection: socket.socket) -> None:
+        try:
+            if connection.recv(65536):
+                with self._lock:
+                    self.requests += 1
+                    self.first_request_at = self.first_request_at or time.monotonic()
+            while connection.recv(65536):
+                pass
+        except OSError:
+            pass
+
+    def __enter__(self) -> SilentCollector:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.close()
+        with self._lock:
+            for connection in self._held:
+                connection.close()

@@ -25,19 +25,12 @@ from sqsinfer.aws.sqs import Message
 from sqsinfer.bench.otlp import OtlpReceiver, count_spans
 from sqsinfer.metrics import Phase
 from sqsinfer.outcomes import Outcome
+from sqsinfer.worker.pipeline import STEP_SPANS, compute_events, end_trace
 
 BATCH = 5  # messages per receive and per delete call (the medium worker's, about)
 _QUEUE = "https://sqs.us-east-1.amazonaws.com/000000000000/bench"
-# A medium task's phases, in seconds (their values do not change the cost).
-_PHASES = (
-    (Phase.S3_GET, 0.02),
-    (Phase.WAIT_PROCESS, 0.05),
-    (Phase.DECODE, 0.0007),
-    (Phase.INFER, 0.022),
-    (Phase.ENCODE, 0.0004),
-    (Phase.HANDOFF, 0.003),
-    (Phase.COMMIT, 0.015),
-)
+# A medium task's steps that are spans, in seconds (their values do not change the cost).
+_STEPS = ((Phase.S3_GET, 0.02), (Phase.WAIT_PROCESS, 0.05), (Phase.COMMIT, 0.015))
 _CHILD = {"decode_s": 0.0007, "infer_s": 0.022, "encode_s": 0.0004, "rows": 10_000}
 
 
@@ -51,14 +44,13 @@ def replay(tasks: int) -> dict[str, Any]:
         for message in messages:
             trace = message.trace
             tracing.enter(trace)
-            for phase, seconds in _PHASES:
-                trace.phase(phase.value, seconds)
-            trace.compute(0.026, _CHILD)
-            with trace.step("delete"):
-                pass
+            for phase, seconds in _STEPS:
+                trace.step(STEP_SPANS[phase], seconds)
+            events = compute_events(0.026, _CHILD)
+            trace.step("compute", 0.026, attributes={"sqsinfer.rows": 10_000}, events=events)
+            trace.step("delete", 0.01)
             trace.exemplar()
-            trace.finish(Outcome.COMMITTED, "", 0.2, None)
-            trace.end()
+            end_trace(trace, Outcome.COMMITTED, "", 0.2, None)
         with tracing.batch("DeleteMessageBatch", _QUEUE, [m.trace for m in messages]):
             pass
     calls_s = time.thread_time() - calls_started

@@ -44,6 +44,7 @@ from sqsinfer.logs import Event
 from sqsinfer.metrics import Metrics, Phase
 from sqsinfer.outcomes import Outcome
 from sqsinfer.runtime import STOP_SIGNALS, EarlySignals
+from sqsinfer.tracing.api import FLUSH_S
 from sqsinfer.worker import assemble
 from sqsinfer.worker.health import HealthServer
 from sqsinfer.worker.inflight import InFlightLimit
@@ -60,9 +61,6 @@ _IDLE_TICK_S = 1.0
 # Everything held (slots, plus messages whose link or delete is under way) stays within
 # this many times the limit: a stalled delete path stops receiving, not grows memory.
 HELD_CAP_FACTOR = 2
-# The longest the last spans may take to reach the collector at exit (less when the
-# shutdown budget has less left).
-TRACES_FLUSH_S = 5.0
 
 
 class Worker:
@@ -419,7 +417,7 @@ class Worker:
         """Export the last spans (every task's is ended by now), within the shutdown budget."""
         if not self.tracer.enabled:
             return
-        timeout_s = TRACES_FLUSH_S
+        timeout_s = FLUSH_S  # less when the shutdown budget has less left
         if self._shutdown_at is not None:
             spent_s = time.monotonic() - self._shutdown_at
             timeout_s = min(timeout_s, self.settings.shutdown_budget_s - spent_s)
