@@ -105,21 +105,25 @@ def otlp(monkeypatch: pytest.MonkeyPatch) -> Iterator[OtlpReceiver]:
 
 class SilentCollector:
     """A collector that is there and stuck: it accepts every connection, reads what comes
-    and never answers. `requests`: the connections that sent something (the exporter
-    waits for each answer before it sends again); `first_request_at`: monotonic."""
+    and never answers. `asked_at`: when each connection sent its first bytes, a request
+    (`time.time()`; the exporter waits for an answer before it sends again)."""
 
     def __init__(self) -> None:
         self._server = socket.create_server(("127.0.0.1", 0))
         self._held: list[socket.socket] = []
         self._lock = threading.Lock()
-        self.requests = 0
-        self.first_request_at: float | None = None
+        self.asked_at: list[float] = []
         threading.Thread(target=self._accept, name="silent-collector", daemon=True).start()
 
     @property
     def url(self) -> str:
         host, port = self._server.getsockname()[:2]
         return f"http://{host}:{port}"
+
+    @property
+    def requests(self) -> int:
+        with self._lock:
+            return len(self.asked_at)
 
     def _accept(self) -> None:
         while True:
@@ -135,8 +139,7 @@ class SilentCollector:
         try:
             if connection.recv(65536):
                 with self._lock:
-                    self.requests += 1
-                    self.first_request_at = self.first_request_at or time.monotonic()
+                    self.asked_at.append(time.time())
             while connection.recv(65536):
                 pass
         except OSError:
