@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import gzip
 import http.server
+import os
 import threading
 from typing import Any
 
 TRACES_PATH = "/v1/traces"
+# Taken from the bench's environment into a traced run's (else every task is sampled).
+SAMPLER_VARIABLES = ("OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG")
 
 
 class OtlpReceiver:
@@ -43,6 +46,12 @@ class OtlpReceiver:
             "OTEL_EXPORTER_OTLP_ENDPOINT": self.url,
             "OTEL_TRACES_SAMPLER": "always_on",
         }
+
+    def traced_env(self) -> dict[str, str]:
+        """A traced run's variables: its spans here, every task sampled, unless the bench's
+        own environment names a sampler (what a ratio saves is measured so)."""
+        chosen = {k: v for k, v in os.environ.items() if k in SAMPLER_VARIABLES and v}
+        return self.exporter_env() | (chosen if "OTEL_TRACES_SAMPLER" in chosen else {})
 
     def __enter__(self) -> OtlpReceiver:
         self._thread.start()

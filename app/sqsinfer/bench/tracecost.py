@@ -8,7 +8,8 @@ messages, each task's phases, compute and delete, a batched delete), then export
 everything and stops; its CPU (the calls, and the span processor's thread that encodes
 and sends) per task is the cost, the calls' own thread's part given apart. Run once
 traced, every span exported to the bench's receiver, and once with OTEL_SDK_DISABLED=true:
-the switched-off hooks.
+the switched-off hooks. A sampler named in the bench's environment applies to the traced
+run, as to the `sqsinfer-traced` scenario (every task sampled otherwise).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 
 from sqsinfer import tracing
 from sqsinfer.aws.sqs import Message
-from sqsinfer.bench.otlp import OtlpReceiver, count_spans
+from sqsinfer.bench.otlp import SAMPLER_VARIABLES, OtlpReceiver, count_spans
 from sqsinfer.metrics import Phase
 from sqsinfer.outcomes import Outcome
 from sqsinfer.worker.pipeline import STEP_SPANS, compute_events, end_trace
@@ -70,7 +71,8 @@ def measure(tasks: int) -> dict[str, Any]:
     # 2,048 items, which the replay fills in a moment) and what is dropped costs nothing.
     queue = {"OTEL_BSP_MAX_QUEUE_SIZE": str(tasks * 8)}
     with OtlpReceiver(keep=True) as receiver:
-        traced = _run(tasks, receiver.exporter_env() | queue)
+        variables = receiver.traced_env()
+        traced = _run(tasks, variables | queue)
         spans_bytes = receiver.received_bytes
         spans = sum(count_spans(body) for body in receiver.kept())
     off = _run(tasks, {"OTEL_SDK_DISABLED": "true"})
@@ -85,6 +87,7 @@ def measure(tasks: int) -> dict[str, Any]:
         "exported_bytes_per_task": round(spans_bytes / tasks),
         "exported_spans_per_task": round(spans / tasks, 2),
         "flushed": traced["flushed"],
+        "sampler": " ".join(variables.get(k, "") for k in SAMPLER_VARIABLES).strip(),
     }
 
 
