@@ -129,3 +129,31 @@ class VersionedHandler(ScriptedHandler):
 
 class OverlongVersionHandler(ScriptedHandler):
     version = "v" * 65  # more than output metadata takes
+
+
+class RowScriptedHandler:
+    """Scripted per row, and willing to be coalesced (`rows_independent`): a row whose
+    first cell is `KILL` kills the process, `FAIL` raises (a handler bug on that input),
+    above 0 sleeps that many seconds (the longest of them); each row predicts its sum.
+    Several tasks' rows in one call: any of them acts."""
+
+    rows_independent = True
+
+    def load(self, model_path: str, threads: int) -> None:
+        self.model_path = model_path
+
+    def sample_input(self) -> np.ndarray:
+        return np.zeros((2, 2), dtype=np.float32)
+
+    def predict(self, array: np.ndarray) -> np.ndarray:
+        first = array[:, 0]
+        if (first == KILL).any():
+            os.kill(os.getpid(), signal.SIGKILL)
+        if (first == FAIL).any():
+            raise RuntimeError("told to fail by a row")
+        if first.max() > 0:
+            time.sleep(float(first.max()))
+        return array.sum(axis=1)
+
+
+FAIL = -4.0

@@ -39,6 +39,8 @@ Exits non-zero if any valid task lacks its outputs or any bad one is missing fro
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    if args.check_settings:
+        return _check_settings(args)
     from sqsinfer.runtime import EarlySignals, run_async
 
     early = EarlySignals.install()  # before the imports below, which take seconds
@@ -49,8 +51,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     try:
         settings = config.settings_from_args(args)
     except config.ConfigError as exc:
-        print(f"sqsinfer worker: invalid setting: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return _invalid_setting(exc)
     logs.configure(settings.log_level, settings.log_format)
 
     async def main() -> int:
@@ -61,12 +62,29 @@ def cmd_worker(args: argparse.Namespace) -> int:
         return run_async(main())
     except config.ConfigError as exc:  # AWS's configuration, read when the clients open
         log.error(Event.CANNOT_START, extra={"error": str(exc), "setting": exc.setting})
-        print(f"sqsinfer worker: invalid setting: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return _invalid_setting(exc)
     except (ModelLoadError, StartupError) as exc:
         log.error(Event.CANNOT_START, extra={"error": str(exc)})
         print(f"sqsinfer worker: cannot start: {exc}", file=sys.stderr)
         return EXIT_FAILED
+
+
+def _check_settings(args: argparse.Namespace) -> int:
+    """`worker --check-settings`: start-up's resolution of every setting, then the values."""
+    from sqsinfer.worker import check
+
+    try:
+        settings = config.settings_from_args(args)
+        found = check.resolve(settings, config.origins(settings, config.overrides_of(args)))
+    except config.ConfigError as exc:  # the same errors as start-up's, and the same words
+        return _invalid_setting(exc)
+    print(check.report(found))
+    return EXIT_OK
+
+
+def _invalid_setting(exc: config.ConfigError) -> int:
+    print(f"sqsinfer worker: invalid setting: {exc}", file=sys.stderr)
+    return EXIT_USAGE
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -84,6 +102,12 @@ def _add_worker(sub: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     config.add_arguments(p)
+    p.add_argument(
+        "--check-settings",
+        action="store_true",
+        help="resolve every setting as start-up does (flags, SQSINFER_* and AWS's variables), "
+        "print the values and exit: 0, or 2 naming a bad one; contacts nothing",
+    )
     p.set_defaults(func=cmd_worker)
 
 

@@ -28,7 +28,13 @@ from sqsinfer.limits import (
     SQS_MAX_VISIBILITY_S,
     SQS_MAX_WAIT_S,
 )
-from sqsinfer.lineage import MAX_HANDLER_NAME_BYTES, MAX_WORKER_ID_BYTES
+from sqsinfer.lineage import (
+    MAX_HANDLER_NAME_BYTES,
+    MAX_MODEL_OUTPUT_BYTES,
+    MAX_WORKER_ID_BYTES,
+    MODEL_OUTPUT,
+    value_problem,
+)
 from sqsinfer.messages import (
     S3Uri,
     check_placeholders,
@@ -47,6 +53,10 @@ FORCED_RELEASE_S = 5.0
 LAST_RECEIVE_GRACE_S = 5.0
 _MODEL_DIR = "sqsinfer-model"
 _DRAIN_MARGIN_S = 10.0  # the derived drain: a task started just before SIGTERM, and its commit
+# The derived max_task_time_s: a task three times its p99 is stuck, not slow; short tasks
+# keep 15 minutes (a stuck task costs a slot that long, a false abandon a whole retry).
+MAX_TASK_TIME_FACTOR = 3.0
+MAX_TASK_TIME_FLOOR_S = 900.0
 
 
 class ConfigError(Exception):
@@ -145,6 +155,11 @@ class Settings:
     handler: str = _opt(
         handlers.DEFAULT, "model handler: a short name (xgboost) or package.module:Class"
     )
+    model_output: str = _opt(
+        "",
+        "the model output served, by name, for a model of several (onnx); default: its one "
+        "output, or a classifier's probabilities (its one float output beside an integer label)",
+    )
     allowed_input_prefixes: tuple[S3Uri, ...] = _opt(
         (), "comma-separated s3:// prefixes inputs may be read from (required)", None
     )
@@ -177,6 +192,18 @@ class Settings:
     max_prefetch: int = _opt(
         8, "most in-flight messages per process when prefetch is auto (sizes /dev/shm)", int
     )
+    coalesce: bool = _opt(
+        True,
+        "score the rows of small tasks waiting for a process in one predict call, each "
+        "task's output split back and committed on its own; only for a handler that allows "
+        "it (rows_independent: the built-in xgboost handler does)",
+        _flag,
+    )
+    coalesce_max_rows: int = _opt(
+        1000,
+        "a task of at most this many rows is small (coalesced); one of more is scored alone",
+        int,
+    )
     visibility_timeout_s: int = _opt(
         60, "visibility a received message gets, renewed by the heartbeat", int
     )
@@ -194,7 +221,24 @@ class Settings:
         "on SIGTERM, how long started tasks may finish; 0 = task_time_s + 10 s",
         float,
     )
-    max_task_time_s: float = _opt(900.0, "a task running longer is abandoned and retried", float)
+    max_task_time_s: float = _opt(
+        0.0,
+        "a task running longer is abandoned and retried; 0 = 3 x task_time_s, at least "
+        "900 s and at most SQS's visibility cap (43200 s)",
+        float,
+    )
+    exit_when_idle_s: float = _opt(
+        0.0,
+        "exit (status 0) once nothing was received and nothing was in flight for this long; "
+        "0 = never (a job's worker ends when its queue is empty)",
+        float,
+    )
+    max_tasks: int = _opt(
+        0,
+        "stop receiving after this many messages, finish them and exit (status 0); one "
+        "handed back unstarted does not count; 0 = no limit",
+        int,
+    )
     always_head_output: bool = _opt(
         False,
         "look for the output (HEAD) before computing on every delivery, not only on "
@@ -236,6 +280,31 @@ class Settings:
     health_port: int = _opt(8080, "port of /livez /readyz /metrics; 0 picks a free one", int)
     stall_s: float = _opt(
         120.0, "/livez fails when the worker made no progress for this long", float
+    )
+    queue_sample_s: float = _opt(
+        60.0,
+        "how often the depth of the queue and its dead-letter queue is read for /metrics "
+        "(GetQueueAttributes, one call a queue); 0 = never",
+        float,
+    )
+    pod_deletion_cost: bool = _opt(
+        False,
+        "keep this pod's controller.kubernetes.io/pod-deletion-cost current through the "
+        "Kubernetes API (high while it holds messages, low when idle), so that a scale-in "
+        "removes idle pods first; needs POD_NAME and POD_NAMESPACE (the downward API) and a "
+        "token that may patch the pod",
+        _flag,
+    )
+    pod_deletion_cost_idle_s: float = _opt(
+        10.0,
+        "with pod_deletion_cost: how long the worker holds nothing before its pod's cost is "
+        "set low (turning busy sets it high at once), so at most two patches a pod this long",
+        float,
+    )
+    kube_token_dir: str = _opt(
+        "/var/run/secrets/kubernetes.io/serviceaccount",
+        "where the Kubernetes API's token and ca.crt are read (pod_deletion_cost): a "
+        "service account token's volume",
     )
     log_level: str = _opt("INFO", "DEBUG, INFO, WARNING or ERROR")
     log_format: str = _opt("auto", "json, console, or auto (console on a terminal)")
@@ -288,6 +357,8 @@ class Settings:
             s = dataclasses.replace(s, allowed_output_prefixes=(s.output_prefix,))
         if s.drain_deadline_s == 0:
             s = dataclasses.replace(s, drain_deadline_s=s.task_time_s + _DRAIN_MARGIN_S)
+        if s.max_task_time_s == 0:
+            s = dataclasses.replace(s, max_task_time_s=derived_max_task_time_s(s.task_time_s))
         if not s.model_dir:
             s = dataclasses.replace(s, model_dir=os.path.join(tempfile.gettempdir(), _MODEL_DIR))
         if not s.worker_id:
@@ -295,6 +366,12 @@ class Settings:
         for check in _CHECKS:
             check(s, require_queue)
         return s
+
+
+def derived_max_task_time_s(task_time_s: float) -> float:
+    """max_task_time_s when unset: a stage of long tasks needs no second setting."""
+    wanted = max(MAX_TASK_TIME_FLOOR_S, MAX_TASK_TIME_FACTOR * task_time_s)
+    return min(float(SQS_MAX_VISIBILITY_S), wanted)
 
 
 def _convert(f: dataclasses.Field[Any], raw: Any) -> Any:
@@ -409,6 +486,7 @@ def _check_numbers(s: Settings, _: bool) -> None:
         "must be auto or at least 1",
     )
     _require(s.max_prefetch >= 1, "max_prefetch", "must be at least 1")
+    _require(s.coalesce_max_rows >= 1, "coalesce_max_rows", "must be at least 1")
     _require(
         1 <= s.visibility_timeout_s <= SQS_MAX_VISIBILITY_S,
         "visibility_timeout_s",
@@ -433,6 +511,10 @@ def _check_numbers(s: Settings, _: bool) -> None:
         _require(getattr(s, name) > 0, name, "must be above 0")
     _require(0 <= s.health_port <= 65535, "health_port", "must be 0-65535")
     _require(s.stall_s > s.wait_time_s, "stall_s", "must be longer than the receive wait")
+    _require(s.queue_sample_s >= 0, "queue_sample_s", "must be 0 (never) or more")
+    _require(s.exit_when_idle_s >= 0, "exit_when_idle_s", "must be 0 (never) or more")
+    _require(s.max_tasks >= 0, "max_tasks", "must be 0 (no limit) or more")
+    _require(s.pod_deletion_cost_idle_s > 0, "pod_deletion_cost_idle_s", "must be above 0")
 
 
 def _check_task_times(s: Settings) -> None:
@@ -444,10 +526,17 @@ def _check_task_times(s: Settings) -> None:
         "the tasks started just before it; 0 derives it",
     )
     _require(
+        s.task_time_s <= SQS_MAX_VISIBILITY_S,
+        "task_time_s",
+        f"must be at most SQS's visibility cap ({SQS_MAX_VISIBILITY_S} s): a message is "
+        "held no longer",
+    )
+    _require(
         s.task_time_s <= s.max_task_time_s <= SQS_MAX_VISIBILITY_S,
         "max_task_time_s",
-        f"must be between task_time_s ({s.task_time_s:g} s) and SQS's visibility cap "
-        f"({SQS_MAX_VISIBILITY_S} s)",
+        f"must be between {env_name('task_time_s')} ({s.task_time_s:g} s) and SQS's "
+        f"visibility cap ({SQS_MAX_VISIBILITY_S} s), or every task of normal length is "
+        "abandoned and retried; 0 derives it",
     )
 
 
@@ -474,6 +563,12 @@ def _check_lineage(s: Settings, _: bool) -> None:
         len(s.handler.encode()) <= MAX_HANDLER_NAME_BYTES,
         "handler",
         f"is longer than {MAX_HANDLER_NAME_BYTES} bytes (it is written in every output's metadata)",
+    )
+    _require(
+        not s.model_output or not value_problem(MODEL_OUTPUT, s.model_output),
+        "model_output",
+        f"must be 1-{MAX_MODEL_OUTPUT_BYTES} printable ASCII characters (it is written in "
+        "every output's metadata)",
     )
     for prefix in (s.output_prefix, *s.allowed_output_prefixes):
         name = "output_prefix" if prefix is s.output_prefix else "allowed_output_prefixes"
@@ -632,8 +727,29 @@ def borrowed(
 def settings_from_args(
     args: argparse.Namespace, environ: Mapping[str, str] | None = None, **kw: Any
 ) -> Settings:
-    overrides = {f.name: getattr(args, f.name, None) for f in fields(Settings)}
-    return Settings.load(environ, overrides, **kw)
+    return Settings.load(environ, overrides_of(args), **kw)
+
+
+def origins(
+    s: Settings, overrides: Mapping[str, Any], environ: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """Where each of the settings `load` made came from: its flag, its variable, the
+    default, or `derived` (a default `validated` filled from other settings or the machine)."""
+    environ = os.environ if environ is None else environ
+    out: dict[str, str] = {}
+    for f in fields(Settings):
+        if overrides.get(f.name) is not None:
+            out[f.name] = "--" + f.name.replace("_", "-")
+        elif env_name(f.name) in environ:
+            out[f.name] = env_name(f.name)
+        else:
+            out[f.name] = "default" if getattr(s, f.name) == f.default else "derived"
+    return out
+
+
+def overrides_of(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings given as flags (None: not given)."""
+    return {f.name: getattr(args, f.name, None) for f in fields(Settings)}
 
 
 def read_borrowed(args: argparse.Namespace) -> None:

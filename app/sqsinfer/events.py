@@ -15,8 +15,10 @@ of these shapes, which `parse_body` tells apart by structure alone:
 
 Each record that names a new object becomes a Task by one rule: the longest allowed
 input prefix the object lies under is replaced by the output prefix, the input's suffix
-by the output format's, so every delivery of one event writes the same key; the task id
-is the remaining key without its suffix, written in the task-id alphabet (`task_id_for`).
+by the output format's, so every delivery of one event writes the same key (a segment of
+dots alone, which an S3 key may hold, escaped as in the task id, so that no output key
+holds one); the task id is the remaining key without its suffix, written in the task-id
+alphabet (`task_id_for`).
 
 Pure, as `messages` is: no I/O, so every shape and every hostile body is fuzzed.
 """
@@ -34,6 +36,7 @@ from urllib.parse import unquote_plus
 from sqsinfer import lineage
 from sqsinfer.compute.errors import InputError
 from sqsinfer.messages import (
+    DOT_SEGMENTS,
     MAX_TASK_ID_CHARS,
     MessageRules,
     S3Uri,
@@ -227,7 +230,7 @@ def task_for_object(bucket: Any, key: str, version: Any, rules: MessageRules) ->
     prefix = allowed_prefix(source, rules)
     input_format(source, rules)  # a key with no suffix a format reads has no stem either
     stem = source.key[len(prefix.key) : len(source.key) - len(source.suffix)]
-    target = rules.output_prefix.child(stem + rules.output_suffix)
+    target = rules.output_prefix.child(_without_dot_segments(stem) + rules.output_suffix)
     output_key(target, f" (derived from the input key {source.key[:80]!r})")
     return build_task(
         task_id_for(stem),
@@ -251,7 +254,7 @@ def task_id_for(stem: str) -> str:
     and ends in `=sha256:` and the digest of the whole key part.
     """
     text = "".join(ch if ch in _ID_KEEP else _escaped(ch) for ch in stem)
-    text = "/".join(_escaped(s) if s in (".", "..") else s for s in text.split("/"))
+    text = _without_dot_segments(text)
     if not text[:1].isalnum():
         text = _LEAD_MARK + text
     if len(text) > MAX_TASK_ID_CHARS:
@@ -264,6 +267,12 @@ def task_id_for(stem: str) -> str:
     if problem:  # not reached by any key the checks before admit; kept as a guard
         raise InputError("invalid_field", f"the input key gives no task id: {problem}")
     return text
+
+
+def _without_dot_segments(path: str) -> str:
+    """`path` with each segment of dots alone written `=2E` per dot: in an output key, as
+    in a task id, no `.` or `..` is left for a resolver to move it out of its prefix."""
+    return "/".join(_escaped(s) if s in DOT_SEGMENTS else s for s in path.split("/"))
 
 
 def _escaped(text: str) -> str:

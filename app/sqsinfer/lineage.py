@@ -7,6 +7,7 @@ Each output carries these `x-amz-meta-*` keys (stable: docs/formats.md lists the
     model-version      SQSINFER_MODEL_VERSION, when it is set
     handler            the handler setting: a short name (xgboost) or package.module:Class
     handler-version    what the handler reports (its library's version by default)
+    model-output       the model output served, by name (a handler of several: onnx)
     sqsinfer-version   the worker's version
     input-etag         the ETag of the input object the worker read
     input-version-id   that object's version id (absent when its bucket is not versioned)
@@ -34,6 +35,7 @@ MODEL_SHA256 = "model-sha256"
 MODEL_VERSION = "model-version"
 HANDLER = "handler"
 HANDLER_VERSION = "handler-version"
+MODEL_OUTPUT = "model-output"
 SQSINFER_VERSION = "sqsinfer-version"
 INPUT_ETAG = "input-etag"
 INPUT_VERSION_ID = "input-version-id"
@@ -46,6 +48,7 @@ DELIVERY = "delivery"
 MAX_WORKER_ID_BYTES = 128
 MAX_HANDLER_NAME_BYTES = 128
 MAX_HANDLER_VERSION_BYTES = 64
+MAX_MODEL_OUTPUT_BYTES = 128
 # The most bytes each value may take. Task ids are held to 512 characters of ASCII by the
 # message rules; SQS message ids are at most 100 characters; S3's ETags are 34 (48 for a
 # multipart upload) and its version ids 32.
@@ -55,6 +58,7 @@ MAX_VALUE_BYTES: dict[str, int] = {
     MODEL_VERSION: 64,
     HANDLER: MAX_HANDLER_NAME_BYTES,
     HANDLER_VERSION: MAX_HANDLER_VERSION_BYTES,
+    MODEL_OUTPUT: MAX_MODEL_OUTPUT_BYTES,
     SQSINFER_VERSION: 32,
     INPUT_ETAG: 128,
     INPUT_VERSION_ID: 256,
@@ -98,6 +102,7 @@ class Producer:
     handler_version: str
     worker: str
     model_version: str = ""
+    model_output: str = ""  # the output a handler of several serves ("": it has one)
     sqsinfer_version: str = __version__
 
 
@@ -122,6 +127,7 @@ def output_metadata(producer: Producer, written: Written) -> dict[str, str]:
         MODEL_VERSION: producer.model_version,
         HANDLER: producer.handler,
         HANDLER_VERSION: producer.handler_version,
+        MODEL_OUTPUT: producer.model_output,
         SQSINFER_VERSION: producer.sqsinfer_version,
         INPUT_ETAG: written.input_etag,
         INPUT_VERSION_ID: written.input_version_id,

@@ -44,6 +44,7 @@ class Event(StrEnum):
     LAST_RECEIVE_ABANDONED = "last receive abandoned"
     RECEIVING_PAUSED = "no inference process can start: receiving paused, releasing"
     RECEIVING_RESUMED = "an inference process is back: receiving again"
+    WORK_DONE = "work done, stopping"  # max_tasks taken, or idle for exit_when_idle_s
     # one message's outcome and its steps
     TASK_FAILED = "task failed, will retry"
     DELETE_FAILED = "delete failed"
@@ -84,6 +85,10 @@ class Event(StrEnum):
     # the health server
     HEALTH_SERVER_LISTENING = "health server listening"
     # SQS
+    QUEUE_DEPTH_UNKNOWN = "cannot read the depth of a queue"
+    QUEUE_DEPTH_KNOWN = "the depth of a queue is read again"
+    POD_COST_NOT_SET = "cannot set the pod's deletion cost"
+    POD_COST_SET_AGAIN = "the pod's deletion cost is set again"
     BATCH_ENTRY_FAILED = "batch entry failed"
     EXTENSION_CALL_FAILED = "extension call failed"
     VISIBILITY_EXTENSION_ENTRY_FAILED = "visibility extension entry failed"

@@ -31,6 +31,9 @@ _BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]")
 # refused when its longest marker could not be written.
 OUTPUT_MARKER_RESERVE_BYTES = 16
 MAX_OUTPUT_KEY_BYTES = S3_MAX_KEY_BYTES - OUTPUT_MARKER_RESERVE_BYTES
+# Segments a path resolver would collapse: refused in every key a task names (tools that
+# resolve them read another object), taken only in the key of an S3 event's object.
+DOT_SEGMENTS = frozenset({".", ".."})
 # What SQS accepts in a message body or attribute: the XML 1.0 character range. Anything
 # else (U+FFFE, U+FFFF, most C0 controls, lone surrogates) makes SendMessage fail.
 _NOT_XML_RE = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
@@ -78,7 +81,12 @@ def xml_safe(text: str) -> str:
 
 
 def _check_key(
-    key: str, what: str, *, allow_empty: bool, max_bytes: int = S3_MAX_KEY_BYTES
+    key: str,
+    what: str,
+    *,
+    allow_empty: bool,
+    max_bytes: int = S3_MAX_KEY_BYTES,
+    dot_segments: bool = False,
 ) -> None:
     if not key:
         if allow_empty:
@@ -89,7 +97,7 @@ def _check_key(
         raise ValueError(_too_long(what, size, max_bytes))
     if key.startswith("/") or "//" in key:
         raise ValueError(f"{what} key has an empty path segment")
-    if any(seg in (".", "..") for seg in key.split("/")):
+    if not dot_segments and any(seg in DOT_SEGMENTS for seg in key.split("/")):
         raise ValueError(f"{what} key has a '.' or '..' segment")
     # A key travels in later messages (the next stage's input, a rejection's detail): one
     # with a character SQS refuses could never be handed on, so it is refused here, once.
@@ -381,11 +389,14 @@ def build_task(
 
 def object_uri(bucket: Any, key: Any, what: str) -> S3Uri:
     """The object an event names (bucket and decoded key apart), held to `parse_s3_uri`'s
-    rules; InputError (`invalid_field`) otherwise."""
+    rules but for segments of dots alone, which S3 keys may hold (S3 never resolves them:
+    `in/a/../x.npy` is a key of its own, under `in/`); InputError (`invalid_field`)
+    otherwise. The output derived from such a key has those segments escaped
+    (`events.task_for_object`), so no dots reach an output key."""
     if not isinstance(bucket, str) or _BUCKET_RE.fullmatch(bucket) is None or ".." in bucket:
         raise InputError("invalid_field", f"{what} has an invalid bucket name {str(bucket)[:64]!r}")
     try:
-        _check_key(key, what, allow_empty=False)
+        _check_key(key, what, allow_empty=False, dot_segments=True)
     except ValueError as exc:
         raise InputError("invalid_field", str(exc)) from None
     return S3Uri(bucket, key)

@@ -7,6 +7,7 @@ can live in one process (tests, benchmarks) without their counts mixing.
 from __future__ import annotations
 
 import collections
+import contextlib
 from collections.abc import Callable, Iterator
 from enum import StrEnum
 from typing import Any
@@ -41,6 +42,7 @@ AWS_OPERATIONS = (
     "GetObject",
     "HeadObject",
     "PutObject",
+    "GetQueueAttributes",
 )
 
 
@@ -86,6 +88,10 @@ _BUCKETS_S = (
     300,
     900,
 )
+
+
+# Tasks per predict call: 1 alone, up to the pool's MAX_BATCH_TASKS coalesced.
+_TASKS_PER_CALL = (1, 2, 4, 8, 16, 32, 64)
 
 
 class Metrics:
@@ -134,6 +140,13 @@ class Metrics:
             "rate / sqsinfer_processes_ready = the share of the time they are busy",
             registry=r,
         )
+        self.tasks_per_predict = Histogram(
+            "sqsinfer_tasks_per_predict",
+            "Tasks whose rows one predict call scored: 1 for a task alone, more when small "
+            "tasks waiting for a process were coalesced (_sum / _count: tasks per call)",
+            buckets=_TASKS_PER_CALL,
+            registry=r,
+        )
         self.pool_rebuilds = Counter(
             "sqsinfer_pool_rebuilds", "Inference processes restarted after a crash", registry=r
         )
@@ -172,6 +185,33 @@ class Metrics:
             "times (in_flight / in_flight_limit = utilisation)",
             registry=r,
         )
+        self.queue_messages = Gauge(
+            "sqsinfer_queue_messages",
+            "Approximate messages of this stage's queue (queue=source) and its dead-letter "
+            "queue (queue=dead_letter), by state (visible, in_flight, delayed), as SQS "
+            "answered the worker's latest sample (queue_sample_s)",
+            ["queue", "state"],
+            registry=r,
+        )
+        self.received_age = Gauge(
+            "sqsinfer_received_message_age_seconds",
+            "Seconds since SQS took the oldest message of this worker's latest receive "
+            "(SentTimestamp); 0 after a receive that brought nothing",
+            registry=r,
+        )
+        self.pod_deletion_cost = Gauge(
+            "sqsinfer_pod_deletion_cost",
+            "The pod-deletion-cost this worker last set on its pod (pod_deletion_cost): "
+            "high while it holds messages, low when idle; none while it is off",
+            ["pod"],
+            registry=r,
+        )
+        self.pod_deletion_cost_errors = Counter(
+            "sqsinfer_pod_deletion_cost_errors",
+            "Patches of this pod's deletion cost the Kubernetes API refused or never "
+            "answered (tasks go on; the next one is tried later)",
+            registry=r,
+        )
         self.info = Gauge(
             "sqsinfer_info",
             "Always 1; the labels say what this worker runs",
@@ -208,6 +248,16 @@ class Metrics:
         self.tasks.labels(outcome).inc()
         self.task_seconds.labels(outcome).observe(seconds, exemplar)
         self.outcomes[outcome] += 1
+
+    def queue_depth(self, queue: str, counts: dict[str, int] | None) -> None:
+        """Show a queue's latest counts, or none (`counts` None: it could not be read, and
+        a stale count would keep an alert on it firing, or silent)."""
+        for state in ("visible", "in_flight", "delayed"):
+            if counts is None:
+                with contextlib.suppress(KeyError):
+                    self.queue_messages.remove(queue, state)
+            else:
+                self.queue_messages.labels(queue, state).set(counts[state])
 
     def running(self, version: str, model_sha256: str, handler: str) -> None:
         """Say what this worker runs (sqsinfer_info), once it knows."""

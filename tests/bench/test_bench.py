@@ -294,6 +294,41 @@ def test_the_onnx_model_is_the_mlp_it_describes(tmp_path):
     np.testing.assert_allclose(handler.predict(rows), expected, rtol=1e-5, atol=1e-5)
 
 
+def test_small_run_puts_coalesced_tasks_beside_tasks_scored_alone(tmp_path):
+    """Each row count: the pool with coalescing on and off, then the worker with it on
+    (sqsinfer) and off (sqsinfer-alone); the ratios taken within the run, the target."""
+    out = tmp_path / "out"
+    argv = [sys.executable, "-m", "sqsinfer", "bench", "--regime", "small", "--quick"]
+    argv += ["--tasks", "10", "--warmup", "4", "--max-window-s", "10", "--processes", "1"]
+    argv += ["--out-dir", str(out), "--cache-dir", str(tmp_path / "cache")]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    found = json.loads((out / "bench-small.json").read_text())
+
+    assert found["regime"] == "small"
+    assert set(found["rows"]) == {"10", "100"}
+    for rows, at in found["rows"].items():
+        pool = at["pool"]
+        assert pool["coalesced"]["tasks_per_s"]["median"] > 0, rows
+        assert pool["alone"]["tasks_per_s"]["median"] > 0, rows
+        # Eight tasks in flight for one process: while it computes, the others wait and
+        # go to it together; alone, one task a call.
+        assert pool["coalesced"]["tasks_per_call"]["median"] > 1, rows
+        assert pool["alone"]["tasks_per_call"]["median"] == 1, rows
+        workers = at["workers"]
+        for name in ("sqsinfer", "sqsinfer-alone"):
+            assert "error" not in workers[name], (rows, name, workers[name].get("error"))
+            assert workers[name]["tasks"] > 0, (rows, name)
+            assert workers[name]["processes_cpu_ms_per_task"] > 0, (rows, name)
+        assert workers["sqsinfer-alone"]["tasks_per_predict_call"] == 1, rows
+        assert at["ratios"]["pool_tasks_per_s"]["median"] > 0, rows
+        assert at["ratios"]["worker_tasks_per_s"]["median"] > 0, rows
+    target = found["targets"]["pool_ratio_at_100_rows"]
+    assert target["target"] == ">= 4.0" and target["measured"] > 0
+    assert found["paired_runs"] == 1 and len(found["runs"]) == 1
+    assert "coalesced ÷ alone" in done.stdout
+
+
 def test_regime_names_on_the_command_line_match_the_workloads():
     assert set(bench.REGIME_NAMES) == set(workload.REGIMES)
 

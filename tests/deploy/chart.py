@@ -22,11 +22,12 @@ NAMESPACE = "inference"
 # The custom resources a cluster with KEDA and the Prometheus Operator serves; the chart
 # checks for them (.Capabilities.APIVersions) before it renders their objects.
 KEDA_API = "keda.sh/v1alpha1/ScaledObject"
+KEDA_JOB_API = "keda.sh/v1alpha1/ScaledJob"  # keda.mode job
 MONITORING_APIS = (
     "monitoring.coreos.com/v1/ServiceMonitor",
     "monitoring.coreos.com/v1/PrometheusRule",
 )
-CLUSTER_APIS = (KEDA_API, *MONITORING_APIS)
+CLUSTER_APIS = (KEDA_API, KEDA_JOB_API, *MONITORING_APIS)
 
 
 @dataclasses.dataclass

@@ -50,6 +50,8 @@ def exposed_metrics() -> dict[str, frozenset[str]]:
     metrics.outcome("committed", 1.0)
     metrics.rejections.labels("malformed_json").inc()
     metrics.aws_errors.labels("ReceiveMessage").inc()
+    metrics.queue_depth("dead_letter", {"visible": 1, "in_flight": 0, "delayed": 0})
+    metrics.pod_deletion_cost.labels("pod-0").set(0)  # as once pod_deletion_cost has set it
     labels: dict[str, set[str]] = {}
     for family in text_string_to_metric_families(metrics.render().decode()):
         for sample in family.samples:

@@ -60,6 +60,7 @@ KEDA = {
     "triggerIndex": "0",
 }
 OUTCOMES = ("committed", "duplicate", "rejected", "retried", "released")
+DEPTH = "sqsinfer_queue_messages"
 RUNBOOK = "https://sqsinfer.github.io/sqsinfer/troubleshooting/"
 
 
@@ -388,12 +389,91 @@ def backlog() -> list[Case]:
     ]
 
 
+def dead_letters() -> list[Case]:
+    summary = f"Messages of {JOB} pile up in its dead-letter queue."
+
+    def fires(depth: int) -> dict[str, Any]:
+        description = (
+            f"The dead-letter queue holds {depth} messages, more than 15m ago: rejected "
+            "messages (sqsinfer_rejections_total by reason) or messages whose retries ran out. "
+            "sqsinfer redrive --dry-run shows their reasons."
+        )
+        return fired(stage_labels(), description, summary, "sqsinferdeadletters")
+
+    def dlq(pod: dict[str, str], values: str) -> dict[str, str]:
+        return series(DEPTH, pod | {"queue": "dead_letter", "state": "visible"}, values)
+
+    # Sampled every 30 s; from 20m on, one more dead letter a sample.
+    return [
+        Case(
+            "dead letters arriving from 20m",
+            [dlq(POD, "0x40 1+1x100"), dlq(POD_B, "0x40 1+1x100")],
+            firing_at={"21m": [fires(2)], "40m": [fires(40)]},
+            silent_at=["20m"],
+        ),
+        Case(
+            # 10 arrived by 25m, then none: the alert ends once the window holds no growth.
+            "dead letters that stopped arriving",
+            [dlq(POD, "0x40 1+1x19 20x200")],
+            firing_at={"30m": [fires(20)], "44m": [fires(20)]},
+            silent_at=["46m", "90m"],
+        ),
+        Case(
+            # A new pod takes over the sampling: the depth is the stage's, whichever pod read it.
+            "a steady DLQ of 3 across a pod replaced",
+            [dlq(POD, "3x40"), dlq(POD_B, "_x40 3x80")],
+            silent_at=every(1, 60, 3),
+        ),
+        Case("an empty DLQ", [dlq(POD, "0x120")], silent_at=every(1, 60, 3)),
+    ]
+
+
+def messages_too_old() -> list[Case]:
+    summary = f"Messages of {JOB} wait longer than 24h."
+    age = "sqsinfer_received_message_age_seconds"
+
+    def fires(waited: str) -> dict[str, Any]:
+        description = (
+            f"Workers of {JOB} take messages {waited} after they were sent: the stage is behind "
+            "the 24h you set (too few pods, slow tasks, or messages retried for that long)."
+        )
+        return fired(stage_labels(), description, summary, "sqsinfermessagestooold")
+
+    # 25 hours old from 10m on: over the limit from 11m, pending for 10m.
+    return [
+        Case(
+            "messages received 25 hours after their send",
+            [series(age, POD, "0x20 90000x100")],
+            firing_at={"21m": [fires("1d 1h 0m 0s")], "50m": [fires("1d 1h 0m 0s")]},
+            silent_at=["19m"],
+        ),
+        Case(
+            "one of two pods far behind",
+            [series(age, POD, "60x120"), series(age, POD_B, "0x20 90000x100")],
+            firing_at={"21m": [fires("1d 1h 0m 0s")]},
+        ),
+        Case(
+            # A message retried for a day comes back once: one old receive is not a backlog.
+            "one old message once",
+            [series(age, POD, "0x20 90000 0x100")],
+            silent_at=every(1, 60),
+        ),
+        Case(
+            "23 hours, just under 24",
+            [series(age, POD, "0x20 82800x100")],
+            silent_at=every(1, 60, 3),
+        ),
+    ]
+
+
 CASES = {
     "SqsinferRejectedRatio": rejected_ratio,
     "SqsinferProcessesCrashLooping": crash_looping,
     "SqsinferAwsErrors": aws_errors,
     "SqsinferStalled": stalled,
     "SqsinferBacklogNotDraining": backlog,
+    "SqsinferDeadLetters": dead_letters,
+    "SqsinferMessagesTooOld": messages_too_old,
 }
 
 
@@ -421,6 +501,10 @@ def test_alert_fires_on_failure_and_stays_silent_otherwise(
 ) -> None:
     cases = CASES[alert]()
     assert any(c.firing_at for c in cases) and any(not c.firing_at for c in cases)
+    run_promtool(rules_file, alert, cases, tmp_path)
+
+
+def run_promtool(rules_file: Path, alert: str, cases: list[Case], tmp_path: Path) -> None:
     tests = {
         "rule_files": [str(rules_file)],
         "evaluation_interval": "1m",
@@ -474,3 +558,57 @@ def test_the_runbook_base_is_a_value(tmp_path: Path) -> None:
                 chart.validate_schema(values)
     for rule in group["rules"]:
         assert rule["annotations"]["runbook_url"] == f"{own}#{rule['alert'].lower()}"
+
+
+# -- the stall window follows the task time ----------------------------------------------
+@pytest.mark.parametrize(
+    ("values", "window"),
+    [
+        ({}, "15m"),  # the worker's 60 s tasks: at least 15m
+        ({"worker": {"task_time_s": 450}}, "15m"),
+        ({"worker": {"task_time_s": 451}}, "16m"),  # twice, rounded up to whole minutes
+        ({"worker": {"task_time_s": 1200, "max_task_time_s": 1800}}, "40m"),
+        ({"worker": {"task_time_s": 1200}, "prometheusRule": {"stallFor": "25m"}}, "25m"),
+    ],
+)
+def test_the_stall_window_is_twice_the_task_time(values: dict[str, Any], window: str) -> None:
+    stall = rendered_rules(values)["SqsinferStalled"]
+    assert stall["expr"].count(f"[{window}]") == 2 and f"offset {window}" in stall["expr"]
+    assert f"for {window} without" in stall["annotations"]["description"]
+
+
+def rendered_rules(values: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    values = {**values, "prometheusRule": {"enabled": True, **values.get("prometheusRule", {})}}
+    with helm.Chart.load(CHART) as chart:
+        (group,) = render(chart, values, name=RELEASE).one("PrometheusRule")["spec"]["groups"]
+    return {rule["alert"]: rule for rule in group["rules"]}
+
+
+def test_a_stage_of_20_minute_tasks_is_not_stalled(tmp_path: Path) -> None:
+    """The fixed 15 minutes fired on every pod of 20-minute tasks; its own 40 do not, and
+    a pod stuck past them still fires."""
+    rules = rendered_rules({"worker": {"task_time_s": 1200, "max_task_time_s": 1800}})
+    path = tmp_path / "rules.yaml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "g", "rules": list(rules.values())}]}))
+    description = (
+        f"Pod {POD['pod']} held messages for 40m without finishing any: a task stuck below "
+        "max_task_time_s, or processes that never come back."
+    )
+    fires = fired(POD, description, f"A pod of {JOB} holds messages but finishes none.", "")
+    fires["exp_annotations"]["runbook_url"] += "sqsinferstalled"
+    in_flight = "sqsinfer_in_flight"
+    cases = [
+        Case(
+            # 2 processes, 4 held; each finishes one every 20 minutes, the first at 20m.
+            "20-minute tasks",
+            [series(in_flight, POD, "4x240"), *outcomes(POD, committed="0x40 1x40 2x40 3x40 4x80")],
+            silent_at=every(1, 120),
+        ),
+        Case(
+            "stuck from the start",
+            [series(in_flight, POD, "4x240"), *outcomes(POD)],
+            firing_at={"41m": [fires]},
+            silent_at=["39m"],
+        ),
+    ]
+    run_promtool(path, "SqsinferStalled", cases, tmp_path)

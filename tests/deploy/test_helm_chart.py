@@ -70,6 +70,52 @@ _SQS_METADATA = {
     },
     "additionalProperties": {"type": "string"},  # KEDA trigger metadata is map[string]string
 }
+_CLOUDWATCH_METADATA = {  # the aws-cloudwatch scaler on the queue's oldest message
+    "type": "object",
+    "required": ["namespace", "metricName", "dimensionName", "dimensionValue", "awsRegion"],
+    "properties": {
+        "namespace": {"const": "AWS/SQS"},
+        "metricName": {"const": "ApproximateAgeOfOldestMessage"},
+        "dimensionName": {"const": "QueueName"},
+        "dimensionValue": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,80}$"},
+        "metricStat": {"enum": ["Maximum", "Average", "Minimum", "Sum", "SampleCount"]},
+        "targetMetricValue": {"type": "string", "pattern": "^[1-9][0-9]*$"},
+        "activationTargetMetricValue": {"type": "string", "pattern": "^[0-9]+$"},
+    },
+    "additionalProperties": {"type": "string"},
+}
+_TRIGGERS = {
+    "type": "array",
+    "minItems": 1,
+    "items": {
+        "type": "object",
+        "required": ["type", "metadata"],
+        "properties": {
+            "type": {"enum": ["aws-sqs-queue", "aws-cloudwatch"]},
+            "authenticationRef": {"type": "object", "required": ["name"]},
+        },
+        "oneOf": [
+            {
+                "properties": {
+                    "type": {"const": "aws-sqs-queue"},
+                    "metadata": _SQS_METADATA,
+                }
+            },
+            {
+                "properties": {
+                    "type": {"const": "aws-cloudwatch"},
+                    "metadata": _CLOUDWATCH_METADATA,
+                }
+            },
+        ],
+    },
+}
+_SCALING = {  # what a ScaledObject and a ScaledJob share
+    "pollingInterval": {"type": "integer", "minimum": 1},
+    "minReplicaCount": {"type": "integer", "minimum": 0},
+    "maxReplicaCount": {"type": "integer", "minimum": 1},
+    "triggers": _TRIGGERS,
+}
 _HPA_RULES = {  # autoscaling/v2 HPAScalingRules
     "type": "object",
     "additionalProperties": False,
@@ -130,10 +176,8 @@ CRD_SCHEMAS: dict[tuple[str, str], dict[str, Any]] = {
                             "behavior": {"type": "string"},
                         },
                     },
-                    "pollingInterval": {"type": "integer", "minimum": 1},
+                    **_SCALING,
                     "cooldownPeriod": {"type": "integer", "minimum": 0},
-                    "minReplicaCount": {"type": "integer", "minimum": 0},
-                    "maxReplicaCount": {"type": "integer", "minimum": 1},
                     "advanced": {
                         "type": "object",
                         "additionalProperties": False,
@@ -145,17 +189,38 @@ CRD_SCHEMAS: dict[tuple[str, str], dict[str, Any]] = {
                             }
                         },
                     },
-                    "triggers": {
-                        "type": "array",
-                        "minItems": 1,
-                        "items": {
-                            "type": "object",
-                            "required": ["type", "metadata"],
-                            "properties": {
-                                "type": {"type": "string"},
-                                "metadata": _SQS_METADATA,
-                                "authenticationRef": {"type": "object", "required": ["name"]},
-                            },
+                },
+            },
+        },
+    },
+    ("keda.sh/v1alpha1", "ScaledJob"): {  # jobTargetRef: a batch/v1 JobSpec, checked as one
+        "type": "object",
+        "required": ["metadata", "spec"],
+        "properties": {
+            "metadata": _META,
+            "spec": {
+                "type": "object",
+                "required": ["jobTargetRef", "triggers"],
+                "additionalProperties": False,
+                "properties": {
+                    **_SCALING,
+                    "jobTargetRef": {"type": "object", "required": ["template"]},
+                    "successfulJobsHistoryLimit": {"type": "integer", "minimum": 0},
+                    "failedJobsHistoryLimit": {"type": "integer", "minimum": 0},
+                    "rollout": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "properties": {
+                            "strategy": {"enum": ["default", "gradual"]},
+                            "propagationPolicy": {"enum": ["background", "foreground"]},
+                        },
+                    },
+                    "scalingStrategy": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "properties": {
+                            "strategy": {"enum": ["default", "custom", "accurate", "eager"]},
+                            "multipleScalersCalculation": {"enum": ["max", "min", "avg", "sum"]},
                         },
                     },
                 },
@@ -273,6 +338,14 @@ def validate_manifest(doc: dict[str, Any], kube_version: str) -> None:
     schema = CRD_SCHEMAS.get((doc["apiVersion"], doc["kind"]))
     if schema is not None:
         jsonschema.validate(doc, schema)
+        if doc["kind"] == "ScaledJob":  # the Jobs KEDA makes: a JobSpec, pod template and all
+            job = {
+                "metadata": {"name": doc["metadata"]["name"]},
+                "spec": doc["spec"]["jobTargetRef"],
+            }
+            kubernetes_validate.validate(
+                {"apiVersion": "batch/v1", "kind": "Job", **job}, kube_version, strict=True
+            )
     else:
         kubernetes_validate.validate(doc, kube_version, strict=True)
 
@@ -350,6 +423,7 @@ def full_worker_values(tmp_path: Path) -> dict[str, Any]:
         model_path=str(tmp_path / "model.ubj"),
         model_sha256="ab" * 32,
         model_version="2026-11-a",
+        model_output="probabilities",
         model_dir="/tmp/models",
         allowed_input_prefixes=["s3://in-bucket/a/", "s3://in-bucket/b/"],
         output_prefix="s3://out-bucket/out/",
@@ -1058,6 +1132,8 @@ ALERTS = {
     "SqsinferAwsErrors",
     "SqsinferStalled",
     "SqsinferBacklogNotDraining",
+    "SqsinferDeadLetters",
+    "SqsinferMessagesTooOld",
 }
 
 

@@ -106,6 +106,7 @@ def test_the_chart_package_installs_as_built(built: Path) -> None:
     assert image == f"sqsinfer:{VERSION}"
     with tarfile.open(archive) as packed:
         assert "sqsinfer/README.md" in packed.getnames()
+        assert "sqsinfer/dashboards/sqsinfer-grafana.json" in packed.getnames()
 
 
 def test_the_image_command_is_written(built: Path) -> None:

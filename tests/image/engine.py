@@ -6,9 +6,11 @@ changes):
 
 - Only the Deployment is played: the chart's other objects (ServiceAccount, Service,
   PodDisruptionBudget, KEDA's ScaledObject and TriggerAuthentication) are cluster
-  objects no local engine has. No service account token is mounted either way (the chart
-  sets `automountServiceAccountToken: false`); the credentials a pod identity webhook
-  would inject come from the chart's `extraEnv`.
+  objects no local engine has. In job mode, a Job as KEDA makes it from the ScaledJob is
+  played as its pod (`job_pod`): podman 4.3 plays no Job, and the Job controller's part
+  (completion, `backoffLimit`) is judged from the pod's exit. No service account token
+  is mounted either way (the chart sets `automountServiceAccountToken: false`); the
+  credentials a pod identity webhook would inject come from the chart's `extraEnv`.
 - `containerPort`s are removed: under `--network host`, which lets the pods reach a
   stand-in on the host's loopback, podman refuses them ("PortMappings can only be used
   with Bridge or slirp4netns networking"); the health port is bound directly instead.
@@ -75,9 +77,29 @@ class Localized:
     tmpfs: dict[str, int]  # volume name → bytes: a tmpfs to mount at volumes/<name>
 
 
+def pod_spec(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The pod spec of a Deployment or a Pod."""
+    spec: dict[str, Any] = manifest["spec"]
+    if manifest["kind"] != "Pod":
+        spec = spec["template"]["spec"]
+    return spec
+
+
+def job_pod(scaled_job: dict[str, Any], name: str) -> dict[str, Any]:
+    """The pod of a Job KEDA would start from `scaled_job`: its jobTargetRef's template,
+    `restartPolicy: Never` and all, as a Pod named `name`."""
+    template = copy.deepcopy(scaled_job["spec"]["jobTargetRef"]["template"])
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, **template["metadata"]},
+        "spec": template["spec"],
+    }
+
+
 def localize(deployment: dict[str, Any], volumes: Path) -> Localized:
     manifest = copy.deepcopy(deployment)
-    pod = manifest["spec"]["template"]["spec"]
+    pod = pod_spec(manifest)
     changes = []
     for container in pod["containers"]:
         ports = container.pop("ports", None)
@@ -208,16 +230,16 @@ def played(deployment: dict[str, Any], workdir: Path) -> Iterator[Pod]:
         stack.callback(podman, "kube", "down", str(manifest), check=False)
         output = podman("kube", "play", "--network", "host", str(manifest))
         pod_id = output.split("Pod:\n", 1)[1].split()[0]
-        pod_spec = localized.manifest["spec"]["template"]["spec"]
-        (container,) = pod_spec["containers"]
+        played_spec = pod_spec(localized.manifest)
+        (container,) = played_spec["containers"]
         names = json.loads(podman("pod", "inspect", pod_id))
         name = names["Name"] if isinstance(names, dict) else names[0]["Name"]
         yield Pod(
             name=name,
             container=f"{name}-{container['name']}",
-            spec=deployment["spec"]["template"]["spec"]["containers"][0],
+            spec=pod_spec(deployment)["containers"][0],
             volumes=volumes,
-            grace_s=int(pod_spec["terminationGracePeriodSeconds"]),
+            grace_s=int(played_spec["terminationGracePeriodSeconds"]),
             changes=localized.changes,
         )
 

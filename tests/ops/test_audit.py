@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,7 +19,9 @@ from sqsinfer import cli
 from sqsinfer.aws.session import open_clients
 from sqsinfer.aws.sqs import Message, dead_letter_copy
 from sqsinfer.lab import standin
-from sqsinfer.ops.deadletters import DeadLetterReader
+from sqsinfer.ops import ledger
+from sqsinfer.ops.audit import report_lines
+from sqsinfer.ops.deadletters import DeadLetterReader, Ended
 from tests.conftest import Stage
 
 MODEL = "ab" * 32
@@ -320,3 +323,123 @@ def test_the_tasks_an_enqueue_from_a_listing_made_are_audited_from_that_listing(
     assert [(f["task_id"], f["category"], f["where"]) for f in report["findings"]] == [
         ("b", "missing", f"s3://{stage.bucket}/in/b.npy")
     ]
+
+
+def _many_dead_letters(stage: Stage, count: int) -> None:
+    """`count` letters in the first stage's DLQ, sent ten to a call."""
+    body = dead_letter_copy(Message("m", "rh", '{"task_id": "x"}', 1), "why", "why", "q")
+    for start in range(0, count, 10):
+        entries = [
+            {"Id": str(i), "MessageBody": body.body, "MessageAttributes": body.attributes}
+            for i in range(start, min(start + 10, count))
+        ]
+        stage.sqs.send_message_batch(QueueUrl=stage.dlq_url, Entries=entries)
+
+
+async def _read(stage: Stage, hold_s: int, deadline_s: float = 600.0) -> Any:
+    async with open_clients("us-east-1", stage.endpoint, 4) as clients:
+        reader = DeadLetterReader(clients.sqs, stage.dlq_url, hold_s, hold_s, deadline_s)
+        return await reader.read()
+
+
+async def test_a_pass_longer_than_its_hold_ends_and_says_how_much_it_read(stage: Stage):
+    """Read with a hold shorter than the pass, the first letters come back before the last
+    are read: a pass that waited for an empty receive would never end, a receive more on
+    every letter each lap. It ends where it comes round, saying so."""
+    # A thousand letters: a pass of a hundred receives, many holds of 1 s long. (The
+    # stand-in's SendMessageBatch slows as a queue deepens: more would cost the test
+    # minutes on a busy machine, and show nothing more.)
+    _many_dead_letters(stage, 1000)
+    found = await _read(stage, hold_s=1)
+    assert found.ended == Ended.LAPPED and found.in_queue == 1000
+    assert 0 < len(found.letters) < 1000 and found.released
+    assert stage.counts(stage.dlq_url) == (1000, 0)  # every letter handed back, none taken
+    # Bounded by a deadline too, whatever the hold.
+    found = await _read(stage, hold_s=30, deadline_s=1.0)
+    assert found.ended == Ended.DEADLINE and 0 < len(found.letters) < 1000
+    assert stage.counts(stage.dlq_url) == (1000, 0)
+
+
+async def test_a_pass_ends_once_it_read_as_many_letters_as_the_queue_held(stage: Stage):
+    _many_dead_letters(stage, 35)
+    found = await _read(stage, hold_s=30)
+    assert (found.ended, found.in_queue, len(found.letters)) == (Ended.READ, 35, 35)
+
+
+async def test_a_letter_at_its_queues_receive_limit_is_never_received_again(stage: Stage):
+    """A DLQ with a redrive policy of its own moves a letter on the receive after its
+    maxReceiveCount: letters the audit's receive brought to that count are held for the
+    rest of the pass, even past a hold far shorter than the pass."""
+    onward = stage.sqs.create_queue(QueueName="dead-letters-of-dead-letters")["QueueUrl"]
+    arn = stage.sqs.get_queue_attributes(QueueUrl=onward, AttributeNames=["QueueArn"])
+    policy = {"deadLetterTargetArn": arn["Attributes"]["QueueArn"], "maxReceiveCount": 1}
+    stage.sqs.set_queue_attributes(
+        QueueUrl=stage.dlq_url, Attributes={"RedrivePolicy": json.dumps(policy)}
+    )
+    _many_dead_letters(stage, 150)
+    found = await _read(stage, hold_s=1)
+    assert (found.ended, len(found.letters), found.at_limit) == (Ended.READ, 150, 150)
+    assert stage.counts(stage.dlq_url) == (150, 0) and stage.counts(onward) == (0, 0)
+
+
+def test_the_report_says_how_many_letters_it_read_of_how_many(stage: Stage, tmp_path, capsys):
+    _many_dead_letters(stage, 300)
+    manifest = _manifest(tmp_path, stage, ["x"])
+    argv = _one_stage(stage, manifest, "--model-sha256", MODEL, "--dlq-hold-s", "1")
+    code, report = _audit(capsys, argv)
+    [first] = report["stages"]
+    # Whole, or in part when its holds of 1 s lapsed first (how fast the stand-in is).
+    assert first["dead_letters_ended"] in ("read", "lapped")
+    assert first["dead_letters_in_queue"] == 300 and code == 3
+    whole = first["dead_letters_ended"] == "read"
+    assert (first["dead_letters_read"] == 300) == whole
+    assert cli.main(argv) == 3
+    text = capsys.readouterr().out
+    assert re.search(r"dead-letter queue read (whole|in part): \d+ letters of about 300", text)
+
+
+@pytest.mark.parametrize(
+    ("ended", "says"),
+    [
+        ("read", "dead-letter queue read whole: 1,000 letters of about 1,000"),
+        ("empty", "dead-letter queue read whole: 1,000 letters of about 1,000"),
+        (
+            "lapped",
+            "dead-letter queue read in part: 1,000 letters of about 1,000: the holds lapsed "
+            "before the pass ended (raise --dlq-hold-s); missing tasks may be among the rest",
+        ),
+        (
+            "deadline",
+            "dead-letter queue read in part: 1,000 letters of about 1,000: --dlq-deadline-s "
+            "passed; missing tasks may be among the rest",
+        ),
+    ],
+)
+def test_each_end_of_a_dead_letter_read_is_told(ended: str, says: str) -> None:
+    report = ledger.StageReport("s1", "q", "dlq", "s3://b/out/", "")
+    report.dead_letters_in_queue = report.dead_letters_read = 1000
+    report.dead_letters_ended = ended
+    report.dead_letters_at_limit = 2
+    lines = list(report_lines(ledger.AuditReport([report])))
+    assert f"s1: {says}" in lines
+    assert any("2 dead letters have been received as often as" in line for line in lines)
+
+
+def test_the_json_says_where_lineage_was_checked(stage: Stage, tmp_path, capsys):
+    """A model asked for implies the HEADs of lineage (`--lineage`): the report says so,
+    for the whole chain and for each stage."""
+    chain = Chain(stage)
+    chain.done("a")
+    manifest = _manifest(tmp_path, stage, ["a"])
+    _, report = _audit(capsys, _argv(stage, manifest))  # a model for stage 1 only
+    assert [s["lineage_checked"] for s in report["stages"]] == [True, False]
+    assert report["lineage_checked"] is False
+    _, report = _audit(capsys, _argv(stage, manifest, "--lineage"))
+    assert [s["lineage_checked"] for s in report["stages"]] == [True, True]
+    assert report["lineage_checked"] is True
+    _, report = _audit(capsys, _one_stage(stage, manifest, "--model-sha256", MODEL))
+    assert report["lineage_checked"] is True
+    # Every field of the JSON is documented (docs/operating.md, "The fields of --json").
+    docs = (Path(__file__).parents[2] / "docs" / "operating.md").read_text()
+    fields = set(report) | set(report["stages"][0]) | set(report["stages"][0]["queue"])
+    assert {f for f in fields if f"`{f}`" not in docs} == set()

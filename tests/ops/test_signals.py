@@ -22,7 +22,9 @@ from sqsinfer.outcomes import Outcome
 from tests.conftest import N_FEATURES, Stage, eventually, running
 from tests.deploy import promql
 
-DASHBOARD = pathlib.Path(__file__).parents[2] / "dashboards" / "sqsinfer-grafana.json"
+DASHBOARD = (
+    pathlib.Path(__file__).parents[2] / "helm" / "sqsinfer" / "dashboards" / "sqsinfer-grafana.json"
+)
 
 
 class Captured(logging.Handler):

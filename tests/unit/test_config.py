@@ -102,6 +102,9 @@ def test_available_cpus_respects_affinity():
             "SQSINFER_HEARTBEAT_S",
         ),
         ({"SQSINFER_HEALTH_PORT": "70000"}, "SQSINFER_HEALTH_PORT"),
+        ({"SQSINFER_EXIT_WHEN_IDLE_S": "-1"}, "SQSINFER_EXIT_WHEN_IDLE_S"),
+        ({"SQSINFER_MAX_TASKS": "-5"}, "SQSINFER_MAX_TASKS"),
+        ({"SQSINFER_MAX_TASKS": "2.5"}, "SQSINFER_MAX_TASKS"),
         ({"SQSINFER_RETRY_BASE_S": "100", "SQSINFER_RETRY_MAX_S": "10"}, "SQSINFER_RETRY_BASE_S"),
         # What every output's metadata carries must be ASCII of a bounded length.
         ({"SQSINFER_MODEL_VERSION": "v 1"}, "SQSINFER_MODEL_VERSION"),
@@ -174,6 +177,19 @@ def test_the_drain_is_derived_from_the_task_time_when_unset(env):
     assert settings.drain_deadline_s == 55.0
     assert settings.shutdown_budget_s == 55.0 + config.COMMIT_GRACE_S + config.FORCED_RELEASE_S
     assert Settings.load(env | {"SQSINFER_DRAIN_DEADLINE_S": "80"}).drain_deadline_s == 80.0
+
+
+def test_the_task_time_limit_is_derived_from_the_task_time_when_unset(env):
+    """3 x task_time_s, at least 15 minutes, at most SQS's 12 h: a stage of long tasks
+    sets task_time_s alone."""
+    for task_s, limit_s in ((60, 900.0), (1200, 3600.0), (20000, 43200.0)):
+        settings = Settings.load(env | {"SQSINFER_TASK_TIME_S": str(task_s)})
+        assert settings.max_task_time_s == limit_s
+    pinned = env | {"SQSINFER_TASK_TIME_S": "1200", "SQSINFER_MAX_TASK_TIME_S": "1500"}
+    assert Settings.load(pinned).max_task_time_s == 1500.0
+    with pytest.raises(ConfigError) as caught:
+        Settings.load(env | {"SQSINFER_TASK_TIME_S": "50000"})
+    assert caught.value.setting == "SQSINFER_TASK_TIME_S"
 
 
 def test_an_output_prefix_may_name_the_model(env):

@@ -36,6 +36,12 @@ RULES = MessageRules(
 )
 AUTO = dataclasses.replace(RULES, message_shape="auto")
 TASKS = dataclasses.replace(RULES, message_shape="sqsinfer")
+# The stage after RULES': task messages naming RULES' outputs as inputs.
+STAGE2 = MessageRules(
+    allowed_input_prefixes=parse_prefixes("s3://data/out/", "in"),
+    allowed_output_prefixes=parse_prefixes("s3://data/stage2/", "out"),
+    output_prefix=parse_s3_uri("s3://data/stage2/", "out", prefix=True),
+)
 
 
 def record(key: str, name: str = "ObjectCreated:Put", bucket: str = "data", **obj: Any) -> dict:
@@ -158,12 +164,36 @@ def test_the_output_format_sets_the_output_suffix():
         ("in/folder/", "unsupported_format"),
         ("in/a%25b.npy", "invalid_field"),  # `%`: refused in every key, as in task messages
         ("in/a%3Fb.npy", "invalid_field"),  # `?`
-        ("in/..%2Fx.npy", "invalid_field"),
         ("in/a%EF%BF%BF.npy", "invalid_field"),  # U+FFFF: SQS refuses it in a message
     ],
 )
 def test_keys_no_task_can_be_made_of_are_refused_with_a_reason(key, reason):
     assert refusal(s3_body(record(key))) == reason
+
+
+@pytest.mark.parametrize(
+    ("key", "task_id", "output"),
+    [
+        ("in/a/../x.npy", "a/=2E=2E/x", "out/a/=2E=2E/x.npy"),
+        ("in/./x.npy", "0==2E/x", "out/=2E/x.npy"),
+        ("in/../x.npy", "0==2E=2E/x", "out/=2E=2E/x.npy"),
+        ("in/a/./../b/x.csv", "a/=2E/=2E=2E/b/x", "out/a/=2E/=2E=2E/b/x.npy"),
+        ("in/.../x.npy", "0=.../x", "out/.../x.npy"),  # three dots: a name like any other
+    ],
+)
+def test_a_segment_of_dots_alone_is_escaped_in_the_task_id_and_the_output_key(key, task_id, output):
+    task = only_task(s3_body(record(quote_plus(key, safe="/"))), RULES)
+    assert (task.task_id, task.input.key, task.output.key) == (task_id, key, output)
+    # The next stage takes the output as the input of a task message, which refuses dots.
+    handed_on = parse_task(next_stage_body(task), STAGE2)
+    assert (handed_on.task_id, handed_on.input) == (task.task_id, task.output)
+
+
+def test_a_task_message_naming_a_key_with_a_segment_of_dots_is_still_refused():
+    body = json.dumps({"task_id": "t", "input": "s3://data/in/a/../x.npy"})
+    with pytest.raises(InputError) as refused:
+        parse_task(body, TASKS)
+    assert refused.value.reason == "invalid_field" and "'..'" in refused.value.detail
 
 
 def test_an_output_key_over_the_limit_is_refused_naming_the_input():
@@ -201,12 +231,7 @@ def test_distinct_stems_never_share_a_task_id(stems):
 
 def test_the_next_stage_gets_a_task_message_it_accepts():
     task = only_task(s3_body(record(quote_plus("in/α β+γ.csv"))))
-    stage2 = MessageRules(
-        allowed_input_prefixes=parse_prefixes("s3://data/out/", "in"),
-        allowed_output_prefixes=parse_prefixes("s3://data/stage2/", "out"),
-        output_prefix=parse_s3_uri("s3://data/stage2/", "out", prefix=True),
-    )
-    handed = parse_task(next_stage_body(task), stage2)
+    handed = parse_task(next_stage_body(task), STAGE2)
     assert (handed.task_id, handed.input) == (task.task_id, task.output)
 
 
@@ -252,6 +277,13 @@ def test_an_output_made_from_another_input_or_version_is_told_apart():
     csv = only_task(s3_body(record("in/a.csv")))  # the same task id and output key
     assert (csv.task_id, csv.output) == (task.task_id, task.output)
     assert "another input key" in events.provenance_conflict(csv, made)
+    # A key that spells a dot segment's escape shares its output key (not its task id):
+    # whichever comes second is told apart by the input it was made from.
+    dots = only_task(s3_body(record("in/d/../e.npy")))
+    spelled = only_task(s3_body(record("in/d/%3D2E%3D2E/e.npy")))
+    assert dots.output == spelled.output and dots.task_id != spelled.task_id
+    dots_made = {"input-uri-sha256": events.input_digest(dots)}
+    assert "another input key" in events.provenance_conflict(spelled, dots_made)
     # A task message's output records nothing of its input, and is checked by owner alone.
     plain = dataclasses.replace(task, from_event=False)
     assert events.input_digest(plain) == "" and events.provenance_conflict(plain, made) == ""

@@ -184,7 +184,9 @@ async def test_a_send_whose_record_is_given_up_is_counted_when_taken_over(
     async with fault_proxy(stage, plan) as proxy:
         settings = _scripted(make_settings, stage, endpoint_url=proxy.url, chain_settle_s=600)
         async with running(settings) as worker:
-            await eventually(lambda: outcome_count(worker, "committed") == 1)
+            # Each marker write meets SlowDown until its retries are spent: the SDK's
+            # adaptive mode slows its client down as it should, so this takes a while.
+            await eventually(lambda: outcome_count(worker, "committed") == 1, timeout_s=120)
             proxy.plan.marker_failures = 0  # S3 recovers
             await eventually(lambda: outcome_count(worker, "duplicate") == 1)
     assert _next_inputs(stage) == [f"s3://{stage.bucket}/out/m2.npy"] * 2

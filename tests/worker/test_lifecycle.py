@@ -11,6 +11,7 @@ import aiohttp
 import numpy as np
 
 from sqsinfer.lab import synthetic
+from sqsinfer.worker.lifecycle import Worker
 from tests.conftest import Stage, eventually, outcome_count, running, sample
 from tests.handlers import KILL
 
@@ -219,3 +220,34 @@ async def test_messages_released_at_shutdown_are_not_taken_back_by_its_own_long_
     released = stage.drain_queue(stage.queue_url)
     # Received once by the worker, once just now: no receive in between.
     assert [int(m["Attributes"]["ApproximateReceiveCount"]) for m in released] == [2, 2]
+
+
+# -- a worker that ends by itself (a job's) ------------------------------------------------
+async def _ends_by_itself(settings) -> Worker:
+    """Serve until the worker ends on its own (no stop is ever asked)."""
+    worker = Worker(settings)
+    await asyncio.wait_for(worker.serve(), 90)
+    return worker
+
+
+async def test_exit_when_idle_waits_for_every_task_held_however_long(stage: Stage, make_settings):
+    """Idle is nothing received and nothing held: two tasks of 3 s each on one process,
+    the second waiting for it, keep a worker of exit_when_idle_s 1 going; ended early, the
+    second would have been handed back unstarted (released)."""
+    for i in range(2):
+        stage.send({"task_id": f"w{i}", "input": _input(stage, f"w{i}.npy", first_cell=3)})
+    settings = _scripted(make_settings, prefetch=2, exit_when_idle_s=1)
+    worker = await _ends_by_itself(settings)
+    assert worker.metrics.outcomes == {"committed": 2}
+    assert stage.counts(stage.queue_url) == (0, 0)
+
+
+async def test_max_tasks_counts_messages_whatever_they_end_in(stage: Stage, make_settings):
+    """A rejected message counts toward max_tasks as a committed one does: the bound is on
+    what this worker took, not on what succeeded."""
+    for _ in range(5):
+        stage.send("{not json")
+    worker = await _ends_by_itself(_scripted(make_settings, prefetch=8, max_tasks=3))
+    assert worker.metrics.outcomes == {"rejected": 3}
+    assert stage.counts(stage.dlq_url) == (3, 0)
+    assert stage.counts(stage.queue_url) == (2, 0)  # never received: visible, not held

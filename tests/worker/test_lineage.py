@@ -47,7 +47,8 @@ async def test_each_output_carries_its_lineage_under_its_models_own_prefix(
         f"out/{sha[:12]}/{name}" for name in ("a.npy", "b.npy", "named/c.json")
     ]
     meta = stage.s3.head_object(Bucket=stage.bucket, Key=f"out/{sha[:12]}/a.npy")["Metadata"]
-    assert set(meta) == set(lineage.KEYS) - {"input-uri-sha256"}  # an S3 event's only
+    # input-uri-sha256: an S3 event's only; model-output: a model of several outputs' only.
+    assert set(meta) == set(lineage.KEYS) - {"input-uri-sha256", "model-output"}
     assert meta == meta | {
         "task-id": "a",
         "model-sha256": sha,
@@ -65,7 +66,7 @@ async def test_each_output_carries_its_lineage_under_its_models_own_prefix(
     assert lineage.metadata_bytes(meta) <= S3_MAX_METADATA_BYTES
     # An input from before versioning has no version id: the key is left out.
     meta = stage.s3.head_object(Bucket=stage.bucket, Key=f"out/{sha[:12]}/b.npy")["Metadata"]
-    assert set(meta) == set(lineage.KEYS) - {"input-version-id", "input-uri-sha256"}
+    assert set(meta) == set(lineage.KEYS) - {"input-version-id", "input-uri-sha256", "model-output"}
     assert meta["input-etag"]
 
 
@@ -78,6 +79,7 @@ def test_the_worst_case_lineage_fits_s3s_two_kilobytes():
         handler_version="v" * cap["handler-version"],
         worker="w" * cap["worker"],
         model_version="m" * cap["model-version"],
+        model_output="o" * cap["model-output"],
         sqsinfer_version="s" * cap["sqsinfer-version"],
     )
     written = lineage.Written(

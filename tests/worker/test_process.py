@@ -151,6 +151,62 @@ def test_a_second_signal_skips_the_drain_and_still_releases(stage: Stage, model_
     assert stage.counts(stage.queue_url) == (1, 0)
 
 
+# -- a worker that ends by itself (a job's) ----------------------------------------------
+def _run_to_the_end(env: dict[str, str], *flags: str) -> tuple[int, list[dict[str, Any]]]:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "sqsinfer", "worker", *flags],
+        env=env,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+    )
+    _, stderr = process.communicate(timeout=120)  # no signal: it must end by itself
+    return process.returncode, _lines(stderr)
+
+
+def test_exit_when_idle_ends_with_0_once_the_queue_is_empty_and_every_task_committed(
+    stage: Stage, model_path
+):
+    for i in range(4):
+        stage.send({"task_id": f"i{i}", "input": _slow_input(stage, f"i{i}.npy", 0.2)})
+    # prefetch pinned: an auto limit's change would log a line among the lifecycle's.
+    env = _env(stage, model_path, SQSINFER_PREFETCH="2")
+    code, lines = _run_to_the_end(env, "--exit-when-idle-s", "2")
+    assert code == 0
+    assert _lifecycle(lines) == [
+        "starting",
+        "pool ready",
+        "ready",
+        "work done, stopping",
+        "draining",
+        "stopped",
+    ]
+    done = next(line for line in lines if line["msg"] == "work done, stopping")
+    assert (done["reason"], done["taken"]) == ("idle", 4)
+    assert done["idle_s"] >= 2
+    assert next(line for line in lines if line["msg"] == "stopped")["outcomes"] == {"committed": 4}
+    assert len(stage.outputs()) == 4
+    assert stage.counts(stage.queue_url) == (0, 0)  # every message deleted
+
+
+def test_max_tasks_commits_exactly_that_many_and_leaves_the_rest_visible(stage: Stage, model_path):
+    for i in range(8):
+        stage.send({"task_id": f"m{i}", "input": _slow_input(stage, f"m{i}.npy", 0.1)})
+    # Room for all 8 at once (one process, 8 in flight): only the limit stops it.
+    env = _env(stage, model_path, SQSINFER_PREFETCH="8")
+    code, lines = _run_to_the_end(env, "--max-tasks", "5")
+    assert code == 0
+    assert "work done, stopping" in _lifecycle(lines)
+    done = next(line for line in lines if line["msg"] == "work done, stopping")
+    assert (done["reason"], done["taken"]) == ("max_tasks", 5)
+    assert next(line for line in lines if line["msg"] == "stopped")["outcomes"] == {"committed": 5}
+    assert len(stage.outputs()) == 5
+    # The other 3 were never taken: visible at once, their receive count untouched.
+    assert stage.counts(stage.queue_url) == (3, 0)
+    rest = stage.drain_queue(stage.queue_url)
+    assert [int(m["Attributes"]["ApproximateReceiveCount"]) for m in rest] == [1, 1, 1]
+
+
 def _catches(pid: int, sig: signal.Signals) -> bool:
     """Whether the process has a handler for `sig` (its SigCgt mask in /proc)."""
     with open(f"/proc/{pid}/status") as status:

@@ -33,12 +33,36 @@ from tests.conftest import (
 from tests.handlers import KILL
 
 # Keys as people name files: spaces, `+`, `=`, letters beyond ASCII, folders.
-KEYS = ("in/a b.npy", "in/c+d=e.json", "in/ünï/çødé 1.csv", "in/x/y/z.jsonl")
-# Where each lands: the prefix replaced, the suffix made the output format's.
-OUTPUTS = ("out/a b.npy", "out/c+d=e.npy", "out/ünï/çødé 1.npy", "out/x/y/z.npy")
+# And segments of dots alone, which S3 keeps as they are (`in/d/../e.npy` is a key of its
+# own, under `in/`).
+KEYS = (
+    "in/a b.npy",
+    "in/c+d=e.json",
+    "in/ünï/çødé 1.csv",
+    "in/x/y/z.jsonl",
+    "in/d/../e.npy",
+    "in/./f.csv",
+)
+# Where each lands: the prefix replaced, the suffix made the output format's, a segment of
+# dots alone escaped (never resolved: an output stays under its prefix).
+OUTPUTS = (
+    "out/a b.npy",
+    "out/c+d=e.npy",
+    "out/ünï/çødé 1.npy",
+    "out/x/y/z.npy",
+    "out/d/=2E=2E/e.npy",
+    "out/=2E/f.npy",
+)
 # Their task ids: the rest of the key in the task-id alphabet (`0=` before an escaped first
 # character, which an id may not start with).
-TASK_IDS = ("a=20b", "c+d=3De", "0==C3=BCn=C3=AF/=C3=A7=C3=B8d=C3=A9=201", "x/y/z")
+TASK_IDS = (
+    "a=20b",
+    "c+d=3De",
+    "0==C3=BCn=C3=AF/=C3=A7=C3=B8d=C3=A9=201",
+    "x/y/z",
+    "d/=2E=2E/e",
+    "0==2E/f",
+)
 
 
 def rows_for(seed: int) -> np.ndarray:
@@ -148,7 +172,7 @@ async def test_s3_sends_its_events_to_the_queue_and_each_is_scored_once(
         assert (meta["task-id"], meta["input-version-id"]) == (task_id, version[key])
     twice_meta = stage.s3.head_object(Bucket=stage.bucket, Key="out/twice.npy")["Metadata"]
     assert twice_meta["input-version-id"] == won
-    assert worker.metrics.outcomes == {"committed": 5, "ignored": 1, "rejected": 1}
+    assert worker.metrics.outcomes == {"committed": len(KEYS) + 1, "ignored": 1, "rejected": 1}
     assert events_read(worker, "s3", "created") == len(KEYS) + 2
     assert events_read(worker, "s3", "test") == 1
     # The next stage gets task messages of its own shape, naming the outputs.

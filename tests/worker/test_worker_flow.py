@@ -56,6 +56,21 @@ async def test_a_fair_queues_group_id_is_in_the_tasks_log_line(stage: Stage, mak
     assert "group_id" not in finished["plain"]
 
 
+async def test_a_fair_queues_rejected_message_keeps_its_group_in_the_dead_letter_queue(
+    stage: Stage, make_settings
+):
+    """Copied to a standard DLQ, a fair queue's message stays its tenant's: a redrive
+    hands it back to that tenant's share of the queue."""
+    for task_id, group in (("grouped", {"MessageGroupId": "acme"}), ("plain", {})):
+        body = json.dumps({"task_id": task_id})  # no input: rejected as missing_field
+        stage.sqs.send_message(QueueUrl=stage.queue_url, MessageBody=body, **group)
+    async with running(make_settings()) as worker:
+        await eventually(lambda: outcome_count(worker, "rejected") == 2)
+    dead = stage.drain_queue(stage.dlq_url)
+    got = {json.loads(m["Body"])["task_id"]: m["Attributes"].get("MessageGroupId") for m in dead}
+    assert got == {"grouped": "acme", "plain": None}
+
+
 async def test_existing_output_is_a_duplicate_and_never_overwritten(stage: Stage, make_settings):
     uri = stage.put_input("a.npy", _npy(synthetic.make_rows(3, N_FEATURES, seed=1)))
     stage.s3.put_object(

@@ -32,7 +32,7 @@ from sqsinfer.backoff import Backoff
 from sqsinfer.compute.errors import InputError
 from sqsinfer.limits import S3_LIST_PAGE_MAX
 from sqsinfer.logs import Event
-from sqsinfer.messages import S3Uri
+from sqsinfer.messages import DOT_SEGMENTS, S3Uri
 from sqsinfer.shm import Segments, SharedInput
 
 if TYPE_CHECKING:
@@ -341,7 +341,7 @@ class Storage:
     async def _get_shared_once(
         self, uri: S3Uri, max_bytes: int, version: str | None
     ) -> SharedInput:
-        if self.data is not None:
+        if self.data is not None and not _dot_segments(uri.key):
             return await self.data.get_shared(uri, max_bytes, self.segments, version)
         which = {"VersionId": version} if version is not None else {}
         try:
@@ -405,6 +405,13 @@ class Storage:
                 )
                 await asyncio.sleep(_CONFLICT_BACKOFF.delay_s(attempt))
         raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _dot_segments(key: str) -> bool:
+    """Whether a key holds a segment of dots alone (an S3 event's object may: S3 keys are
+    not paths). object_store refuses to name such a key, so its GET takes the SDK, which
+    sends it as it is."""
+    return any(segment in DOT_SEGMENTS for segment in key.split("/"))
 
 
 def _read_version(shared: SharedInput, etag: str | None, version_id: str | None) -> SharedInput:

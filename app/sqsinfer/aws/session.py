@@ -144,6 +144,14 @@ def client_config(
     )
 
 
+def resolve_target(region: str = "", endpoint_url: str = "") -> tuple[AioSession, AwsTarget]:
+    """A session and what its clients will be given (`endpoints.resolve`), from the
+    worker's settings and AWS's configuration. Reads variables and files only: no
+    credentials are looked for and nothing is contacted (`worker --check-settings`)."""
+    core = AioSession()
+    return core, endpoints.resolve(core, region, endpoint_url)
+
+
 @contextlib.asynccontextmanager
 async def open_clients(
     region: str = "", endpoint_url: str = "", in_flight: int = 10, read_timeout_s: float = 60.0
@@ -151,8 +159,7 @@ async def open_clients(
     """The S3 and SQS clients, for `region` and `endpoint_url` (the worker's settings; ""
     when unset: AWS's configuration decides, as `endpoints` describes). A region or CA
     bundle that cannot be used raises a ConfigError naming its setting or variable."""
-    core = AioSession()
-    target = endpoints.resolve(core, region, endpoint_url)
+    core, target = resolve_target(region, endpoint_url)
     session = aioboto3.Session(botocore_session=core)
     kwargs = target.client_kwargs()
     config = client_config(in_flight + _SPARE_CONNECTIONS, read_timeout_s)

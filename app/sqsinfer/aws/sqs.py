@@ -74,7 +74,14 @@ _DETAIL_MIN_CHARS = 100
 _DETAIL_OVERHEAD = len(DETAIL_ATTR) + len("String")
 _TRACE_ATTRS = frozenset({TRACEPARENT, TRACESTATE})
 GROUP_ID_ATTR = "MessageGroupId"  # the system attribute, and the send field, of the same name
-_SYSTEM_ATTRS = ["ApproximateReceiveCount", AWS_TRACE_HEADER, GROUP_ID_ATTR]
+SENT_TIMESTAMP_ATTR = "SentTimestamp"  # when SQS took the message, epoch milliseconds
+_SYSTEM_ATTRS = ["ApproximateReceiveCount", AWS_TRACE_HEADER, GROUP_ID_ATTR, SENT_TIMESTAMP_ATTR]
+# A queue's approximate counts, by what the worker calls them (GetQueueAttributes' names).
+DEPTH_ATTRIBUTES = {
+    "visible": "ApproximateNumberOfMessages",
+    "in_flight": "ApproximateNumberOfMessagesNotVisible",
+    "delayed": "ApproximateNumberOfMessagesDelayed",
+}
 
 
 def is_fifo(url: str) -> bool:
@@ -86,7 +93,8 @@ def is_fifo(url: str) -> bool:
 @dataclass(frozen=True)
 class FifoIds:
     """What a send to a FIFO queue must carry: the message's group (its order) and its
-    deduplication id (a second send with it within SQS's window is dropped)."""
+    deduplication id (a second send with it within SQS's window is dropped). To a
+    standard queue only the group goes (a fair queue's tenant), when there is one."""
 
     group_id: str
     deduplication_id: str
@@ -102,6 +110,7 @@ class Message:
     received_at: float = field(default_factory=time.monotonic)
     trace_header: str = ""  # the AWSTraceHeader system attribute (X-Ray), if the producer set one
     group_id: str = ""  # its MessageGroupId (a fair or FIFO queue's), if the producer set one
+    sent_at_s: float = 0.0  # when SQS took it (SentTimestamp), epoch seconds; 0: not known
     # Set when its delete or hand-back is asked for: it is extended no more.
     settled: bool = field(default=False, init=False)
     # Until when (monotonic) this receive holds it, as far as the worker knows: the
@@ -123,6 +132,7 @@ class Message:
             attributes=raw.get("MessageAttributes", {}) or {},
             trace_header=str(system.get(AWS_TRACE_HEADER, "")),
             group_id=str(system.get(GROUP_ID_ATTR, "")),
+            sent_at_s=int(system.get(SENT_TIMESTAMP_ATTR, 0)) / 1000,
         )
 
 
@@ -432,6 +442,21 @@ class SqsQueue:
         return RedrivePolicy(str(found["QueueUrl"]), int(doc["maxReceiveCount"]))
 
 
+async def depth(client: Any, url: str) -> dict[str, int]:
+    """The queue's approximate counts (DEPTH_ATTRIBUTES' keys): one GetQueueAttributes."""
+    response = await client.get_queue_attributes(
+        QueueUrl=url, AttributeNames=list(DEPTH_ATTRIBUTES.values())
+    )
+    attrs = response.get("Attributes", {})
+    return {key: int(attrs.get(name, 0)) for key, name in DEPTH_ATTRIBUTES.items()}
+
+
+def oldest_age_s(messages: Iterable[Message], now_s: float) -> float:
+    """Seconds the oldest of `messages` spent since SQS took it (0 for none); a clock
+    behind SQS's reads as 0, not less."""
+    return max([0.0, *(now_s - m.sent_at_s for m in messages if m.sent_at_s)])
+
+
 @dataclass(frozen=True)
 class RedrivePolicy:
     dlq_url: str
@@ -612,10 +637,10 @@ class Sender:
         return str(response["MessageId"])
 
     def _ids(self, fifo: FifoIds | None) -> FifoIds | None:
-        """The ids a send carries: a FIFO queue's own, none to a standard queue (which
-        refuses a deduplication id)."""
+        """The ids a send carries: a FIFO queue's own; to a standard queue the group alone
+        (a fair queue's tenant), never a deduplication id, which it refuses."""
         if not self.fifo:
-            return None
+            return FifoIds(fifo.group_id, "") if fifo is not None and fifo.group_id else None
         if fifo is None:
             raise ValueError(f"a send to the FIFO queue {self.url} needs a group and a dedup id")
         return fifo

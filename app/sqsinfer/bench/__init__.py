@@ -10,7 +10,7 @@ import argparse
 from typing import Any
 
 # sqsinfer.bench.workload.REGIMES, without numpy
-REGIME_NAMES = ("chained", "heavy", "medium", "quick")
+REGIME_NAMES = ("chained", "heavy", "medium", "quick", "small")
 HANDLERS = ("xgboost", "onnx")  # the model kinds a regime has (sqsinfer.bench.workload)
 NEXT_QUEUES = ("standard", "fifo")  # the chained regime's (sqsinfer.bench.chained)
 LATENCY_PROFILES = ("aws", "loopback")  # sqsinfer.lab.latency.PROFILES, without aiohttp
@@ -20,6 +20,7 @@ Scenarios (each on its own fresh queues and bucket of a local moto server):
   compute-only                   decode + predict in N processes: no queue, no S3 (the limit)
   sqsinfer                       the real worker (python -m sqsinfer worker), N processes
   sqsinfer-traced                the same, every task traced and exported (only when named)
+  sqsinfer-alone                 the same, each task scored alone: coalescing off (small regime)
   http-service                   consumer POSTs each input as JSON to N model-service processes
   http-service-load-per-request  the same, the service loading the model per request
   naive                          N processes of sync boto3, one message at a time
@@ -33,10 +34,14 @@ examples:
   sqsinfer bench --regime medium --scenarios sqsinfer,sqsinfer-traced \
       --side-by-side --rate 10 --tasks 500 --max-window-s 50      # tracing's CPU
   sqsinfer bench --regime chained --next-queue standard   # two stages, calls and their cost
+  sqsinfer bench --regime small --repeat 3   # small tasks coalesced, beside each alone
+  sqsinfer bench --regime small --rows 300 --rows 1000 --rows 3000   # where it stops paying
   sqsinfer bench --regime medium --latency aws --repeat 3  # every call held as long as on AWS
 The chained regime runs two workers, stage 2 fed by stage 1 through a standard or FIFO
 next queue, beside stage 1 alone (unchained): end-to-end tasks/s, each stage's CPU, and
 its SQS and S3 calls per task as the stand-in served them, with their AWS price.
+The small regime runs tasks of 10 and 100 rows, coalesced and each alone: the pool fed
+from shared memory (no queue, no S3), then the worker (sqsinfer, sqsinfer-alone).
 With --latency PROFILE every scenario's calls go through one proxy that holds each as
 long as the profile draws for its operation (aws: S3 and SQS from the same region;
 loopback: nothing added, the hop alone); the bench's own set-up and feeding do not.
@@ -67,6 +72,12 @@ def add_parser(sub: Any) -> None:
         "each beside the unchained baseline)",
     )
     p.add_argument("--quick", action="store_true", help="smoke run: small tasks, few of them")
+    p.add_argument(
+        "--rows",
+        type=int,
+        action="append",
+        help="the small regime's rows per task, repeatable (default: 10 and 100)",
+    )
     p.add_argument(
         "--handler",
         choices=HANDLERS,

@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 
 from sqsinfer import config
-from sqsinfer.bench import chained, handoff, report, runner, tracecost, workload
+from sqsinfer.bench import chained, handoff, report, runner, small, tracecost, workload
 from sqsinfer.lab import latency, standin
 
 _FULL_REGIMES = ["medium", "heavy"]
@@ -89,6 +89,8 @@ def run_regime(
     ctx = _context(args, regime, model, moto, shared)
     if regime.name == "chained":
         return _run_chained(args, ctx, moto, cache_dir)
+    if regime.name == "small":
+        return _run_small(args, ctx, moto)
     if "handoff" not in shared:
         _progress("handoff micro-benchmark (2 MB array)")
         shared["handoff"] = asyncio.run(
@@ -190,6 +192,16 @@ def _run_chained(
     return chained.build(ctx.regime, combined, per_run, extras)
 
 
+def _run_small(
+    args: argparse.Namespace, ctx: runner.Context, moto: standin.MotoServer
+) -> dict[str, Any]:
+    counts = tuple(dict.fromkeys(args.rows or small.ROWS))
+    per_run = small.run_regime(
+        ctx, moto, counts=counts, repeat=args.repeat, quick=bool(args.quick), progress=_progress
+    )
+    return small.build(ctx.regime, per_run, _extras(args, ctx))
+
+
 def _run_scenarios(
     args: argparse.Namespace, ctx: runner.Context, moto: standin.MotoServer
 ) -> dict[str, list[dict[str, Any]]]:
@@ -265,6 +277,9 @@ def _run(args: argparse.Namespace) -> int:
     if not args.rate >= 0:  # NaN too
         print("sqsinfer bench: --rate must be 0 (no limit) or more", file=sys.stderr)
         return 2
+    if any(rows < 1 for rows in args.rows or ()):
+        print("sqsinfer bench: --rows must be at least 1", file=sys.stderr)
+        return 2
     if args.side_by_side and not args.rate:
         # Unfed by a rate, workers side by side race for the CPUs: neither measures itself.
         print("sqsinfer bench: --side-by-side needs --rate (tasks/s each)", file=sys.stderr)
@@ -292,6 +307,10 @@ def _run(args: argparse.Namespace) -> int:
             if "variants" in found:
                 print("\n" + chained.table(found) + f"\n(written to {path})\n", flush=True)
                 failed |= chained.failed(found)
+                continue
+            if found["regime"] == "small":
+                print("\n" + small.table(found) + f"\n(written to {path})\n", flush=True)
+                failed |= small.failed(found)
                 continue
             print("\n" + report.table(found) + f"\n(written to {path})\n", flush=True)
             reports.append(found)

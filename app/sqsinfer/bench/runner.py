@@ -82,6 +82,12 @@ SCENARIOS: tuple[Scenario, ...] = (
         default=False,
     ),
     Scenario(
+        "sqsinfer-alone",
+        "the real worker with each task scored alone (SQSINFER_COALESCE=false): the small "
+        "regime's baseline",
+        default=False,
+    ),
+    Scenario(
         "http-service",
         "async consumer POSTs each input as JSON to N model-service processes (aiohttp)",
         any_handler=False,
@@ -103,7 +109,9 @@ SCENARIOS: tuple[Scenario, ...] = (
 )
 SCENARIO_NAMES = tuple(s.name for s in SCENARIOS)
 # The scenarios that run the real worker (`python -m sqsinfer worker`).
-WORKERS = frozenset({"sqsinfer", "sqsinfer-traced"})
+WORKERS = frozenset({"sqsinfer", "sqsinfer-traced", "sqsinfer-alone"})
+# What a worker scenario sets beyond the worker's defaults.
+WORKER_ENV = {"sqsinfer-alone": {"SQSINFER_COALESCE": "false"}}
 # The worker's traces: off in `sqsinfer` whatever the bench's environment says (so it
 # measures the untraced worker), all of them exported in `sqsinfer-traced`.
 UNTRACED = {"OTEL_SDK_DISABLED": "true"}
@@ -234,7 +242,7 @@ def launch(
     if name in WORKERS:
         assert res is not None
         port = standin.free_port()
-        env = _sqsinfer_env(ctx, res, port) | (traces or UNTRACED)
+        env = _sqsinfer_env(ctx, res, port) | (traces or UNTRACED) | WORKER_ENV.get(name, {})
         if traces is not None:
             env.pop("OTEL_SDK_DISABLED", None)
         argv = [sys.executable, "-m", "sqsinfer", "worker"]
@@ -505,6 +513,7 @@ _RECEIVE_COUNT = 'sqsinfer_phase_seconds_count{phase="receive"}'
 _BUSY = "sqsinfer_process_busy_seconds_total"
 _LIMIT = "sqsinfer_in_flight_limit"
 _CALLS = "sqsinfer_aws_requests_total"
+_PREDICTS = "sqsinfer_tasks_per_predict"
 
 
 def _sqsinfer_extras(
@@ -530,6 +539,9 @@ def _sqsinfer_extras(
         result["busy_share"] = round(delta(_BUSY) / (window_s * int(result["processes"])), 3)
     if _LIMIT in last.worker:
         result["in_flight_limit"] = int(last.worker[_LIMIT])
+    predicts = delta(_PREDICTS + "_count")
+    if predicts > 0:  # how far small tasks were coalesced
+        result["tasks_per_predict_call"] = round(delta(_PREDICTS + "_sum") / predicts, 2)
     per_operation = {
         key.split('"')[1]: round(delta(key) / tasks, 3)
         for key in last.worker

@@ -1,20 +1,24 @@
 """Child-process side: load the model once, decode an input, predict, encode the output.
 
 Nothing here runs on the worker's event loop. `init_process` is the pool initializer;
-`run_task` is what each task submits. Inputs arrive through POSIX shared memory (the
-parent wrote the S3 object's bytes there), so handing a large array over costs a name,
-not a pickle. Nothing that came from a queue or a bucket is ever unpickled: `.npy` is
-read with `allow_pickle` off and object dtypes refused.
+`run_task` is what a task submits alone, `run_batch` what several small tasks submit
+together (their rows scored in one predict call, each task's output its own). Inputs
+arrive through POSIX shared memory (the parent wrote the S3 object's bytes there), so
+handing a large array over costs a name, not a pickle. Nothing that came from a queue or
+a bucket is ever unpickled: `.npy` is read with `allow_pickle` off and object dtypes
+refused.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import multiprocessing
 import os
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from multiprocessing import connection, shared_memory
 from typing import Any
 
@@ -22,7 +26,14 @@ import numpy as np
 
 from sqsinfer.compute import formats
 from sqsinfer.compute.errors import InputError, ModelLoadError
-from sqsinfer.compute.handlers import Handler, handler_version, import_handler
+from sqsinfer.compute.handlers import (
+    Handler,
+    choose_output,
+    handler_version,
+    import_handler,
+    output_served,
+    rows_independent,
+)
 
 # Threads of native libraries must be pinned before they are imported in the child.
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
@@ -52,13 +63,17 @@ def init_process(
     threads: int,
     expected_sha256: str,
     max_decoded_bytes: int,
+    *,
+    model_output: str = "",
 ) -> None:
-    """Pool initializer: follow the parent, pin threads, check the model's hash, load it."""
+    """Pool initializer: follow the parent, pin threads, check the model's hash, load it
+    (serving `model_output`, by name, of a model of several)."""
     global _STATE  # noqa: PLW0603 - one model per process is the point
     exit_with_parent()
     for var in THREAD_VARS:
         os.environ[var] = str(threads)
     handler = import_handler(handler_path)
+    choose_output(handler, model_output, handler_path)
     if expected_sha256:
         _load_pinned(handler, model_path, threads, expected_sha256)
     else:
@@ -141,6 +156,8 @@ def start_process(
     threads: int,
     expected_sha256: str,
     max_decoded_bytes: int,
+    *,
+    model_output: str = "",
 ) -> dict[str, Any]:
     """The first call each new process runs: load the model, then one warm-up prediction.
 
@@ -149,7 +166,14 @@ def start_process(
     a process that died while loading (an OOM kill), which is worth another try.
     """
     try:
-        init_process(handler_path, model_path, threads, expected_sha256, max_decoded_bytes)
+        init_process(
+            handler_path,
+            model_path,
+            threads,
+            expected_sha256,
+            max_decoded_bytes,
+            model_output=model_output,
+        )
     except ModelLoadError:
         raise
     except Exception as exc:
@@ -192,7 +216,16 @@ def warm_up() -> dict[str, Any]:
     except InputError as exc:
         raise ModelLoadError(f"warm-up prediction refused its own input: {exc}") from None
     warmup_s = time.perf_counter() - started
-    return {"pid": os.getpid(), "warmup_s": warmup_s, "handler_version": handler_version(handler)}
+    return {
+        "pid": os.getpid(),
+        "warmup_s": warmup_s,
+        "handler_version": handler_version(handler),
+        "model_output": output_served(handler),
+        # What the worker needs to coalesce small tasks: whether the handler allows it,
+        # and the columns of its input (the inputs that cannot be small are told by size).
+        "rows_independent": rows_independent(handler),
+        "n_features": int(sample.shape[1]),
+    }
 
 
 def warm_up_input(handler: Handler) -> np.ndarray:
@@ -242,22 +275,48 @@ def _compute(
     t0 = time.perf_counter()
     array = formats.decode(buf, input_format, state.max_decoded_bytes, options)
     t1 = time.perf_counter()
+    predictions = _predicted(array)
+    infer_s = time.perf_counter() - t1
+    rows = int(array.shape[0])
+    del array  # the input's memory goes before the output's is made
+    return _encoded(predictions, output_format, rows, t1 - t0, infer_s)
+
+
+def _predicted(array: np.ndarray) -> np.ndarray:
     try:
-        predictions = checked_predictions(state.handler.predict(array), array.shape[0])
+        return checked_predictions(_state().handler.predict(array), array.shape[0])
     except ModelLoadError as exc:  # the same input would break the contract every time
         raise InputError("invalid_prediction", str(exc)) from None
+
+
+def _encoded(
+    predictions: np.ndarray, output_format: str, rows: int, decode_s: float, infer_s: float
+) -> dict[str, Any]:
     t2 = time.perf_counter()
-    rows = int(array.shape[0])
-    del array
     body = formats.encode(predictions, output_format)
     return {
         "body": body,
         "sha256": hashlib.sha256(body).hexdigest(),  # the output's lineage, off the event loop
         "rows": rows,
-        "decode_s": t1 - t0,
-        "infer_s": t2 - t1,
+        "decode_s": decode_s,
+        "infer_s": infer_s,
         "encode_s": time.perf_counter() - t2,
     }
+
+
+def _handed_back(exc: BaseException) -> BaseException:
+    """A task's failure as the worker is given it: a fresh exception, without the frames
+    (and the arrays they hold) of the original.
+
+    A handler's sys.exit() or a stray KeyboardInterrupt, raised again in the worker, would
+    stop its event loop and every message it holds: here it is one failed task. What is
+    no Exception besides (a native extension's panic) goes back as it is: retried.
+    """
+    if isinstance(exc, InputError):
+        return InputError(exc.reason, exc.detail)
+    if isinstance(exc, (Exception, SystemExit, KeyboardInterrupt)):
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
+    return exc.with_traceback(None)
 
 
 def run_task(
@@ -275,27 +334,165 @@ def run_task(
     it (including those held by a traceback's frames) must be gone before the memory
     is closed: errors are therefore re-raised as fresh exceptions after the cleanup.
     """
+    failure: BaseException | None = None
+    with _mapped(shm_name, size) as buf:
+        try:
+            result = _compute(buf, input_format, output_format, options)
+        except BaseException as exc:  # every failure is this task's
+            failure = _handed_back(exc)
+    if failure is not None:
+        raise failure
+    return result
+
+
+@contextlib.contextmanager
+def _mapped(shm_name: str, size: int) -> Iterator[memoryview]:
+    """The first `size` bytes of a shared memory segment, unmapped on exit once nothing
+    refers to them any more (a handler that kept a view keeps the mapping: it goes when
+    the view does, and the parent unlinks the segment)."""
     shm = shared_memory.SharedMemory(name=shm_name)
     whole = shm.buf
     assert whole is not None
     buf = whole[:size]
-    failure: BaseException | None = None
     try:
-        result = _compute(buf, input_format, output_format, options)
-    except InputError as exc:
-        failure = InputError(exc.reason, exc.detail)
-    except (Exception, SystemExit, KeyboardInterrupt) as exc:  # a handler bug, without its frames
-        # A handler's sys.exit() or a stray KeyboardInterrupt, raised again in the worker,
-        # would stop its event loop and every message it holds: here it is one failed task.
-        failure = RuntimeError(f"{type(exc).__name__}: {exc}")
-    except BaseException as exc:  # a native extension's panic: the worker retries the task
-        failure = exc.with_traceback(None)
+        yield buf
+    finally:
+        try:
+            buf.release()
+            whole.release()
+            shm.close()
+        except BufferError:
+            pass
+
+
+# -- several small tasks in one call --------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Job:
+    """One task's work for an inference process: where its input lies in shared memory
+    and how to read it and write its output. Plain strings: it pickles small."""
+
+    shm_name: str
+    size: int
+    input_format: str
+    output_format: str
+    options: formats.InputOptions = formats.NO_OPTIONS
+
+    def args(self) -> tuple[str, int, str, str, formats.InputOptions]:
+        """`run_task`'s arguments."""
+        return (self.shm_name, self.size, self.input_format, self.output_format, self.options)
+
+
+@dataclass
+class Batch:
+    """What `run_batch` hands back: each job's result or failure, in the jobs' order, and
+    how many tasks each predict call it made scored (1: a task alone)."""
+
+    outcomes: list[dict[str, Any] | BaseException]
+    predict_calls: list[int] = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class _Decoded:
+    index: int
+    array: np.ndarray
+    decode_s: float
+
+
+def run_batch(jobs: Sequence[Job], max_rows: int) -> Batch:
+    """Several tasks in one call: each input decoded on its own, the rows of those of at
+    most `max_rows` rows scored by one predict call (per dtype and column count: each
+    task's rows reach the handler as they would alone), each output encoded on its own.
+
+    A task's failure is its own, as in `run_task`: an input that cannot be decoded, or
+    one the handler refuses alone. When the shared call fails or breaks the contract,
+    each of its tasks is predicted again alone, so that whatever failed is told by its
+    own task and the others are scored as they would have been. Only a handler that
+    says its rows are independent (`rows_independent`) has rows of several tasks in one
+    call; for another, every task is predicted alone (still one call to the process).
+
+    A shared call's time is apportioned by rows: each task's `infer_s` is its share, so
+    the tasks' times add up to what the process spent.
+    """
+    batch = Batch([RuntimeError("not scored")] * len(jobs))
+    with contextlib.ExitStack() as stack:
+        # The arrays, views of the segments, live in `_score_batch` alone: gone once it
+        # returns, before the segments are unmapped.
+        _score_batch(jobs, max_rows, stack, batch)
+    return batch
+
+
+def _score_batch(
+    jobs: Sequence[Job], max_rows: int, stack: contextlib.ExitStack, batch: Batch
+) -> None:
+    state = _state()
+    together = rows_independent(state.handler)
+    groups: dict[tuple[str, int], list[_Decoded]] = {}
+    for index, job in enumerate(jobs):
+        try:
+            buf = stack.enter_context(_mapped(job.shm_name, job.size))
+            t0 = time.perf_counter()
+            array = formats.decode(buf, job.input_format, state.max_decoded_bytes, job.options)
+            decoded = _Decoded(index, array, time.perf_counter() - t0)
+        except BaseException as exc:  # this task's failure alone
+            batch.outcomes[index] = _handed_back(exc)
+            continue
+        if together and array.shape[0] <= max_rows:
+            groups.setdefault((array.dtype.str, array.shape[1]), []).append(decoded)
+        else:
+            _score_alone(decoded, job, batch)
+        del array, decoded
+    for members in groups.values():
+        _score_group(members, jobs, batch)
+
+
+def _score_alone(decoded: _Decoded, job: Job, batch: Batch) -> None:
     try:
-        buf.release()
-        whole.release()
-        shm.close()
-    except BufferError:
-        pass  # the handler kept a view; the mapping goes when it does, the parent unlinks
-    if failure is not None:
-        raise failure
-    return result
+        t0 = time.perf_counter()
+        predictions = _predicted(decoded.array)
+        infer_s = time.perf_counter() - t0
+        rows = int(decoded.array.shape[0])
+        batch.outcomes[decoded.index] = _encoded(
+            predictions, job.output_format, rows, decoded.decode_s, infer_s
+        )
+        batch.predict_calls.append(1)
+    except BaseException as exc:  # this task's failure alone
+        batch.outcomes[decoded.index] = _handed_back(exc)
+
+
+def _score_group(members: list[_Decoded], jobs: Sequence[Job], batch: Batch) -> None:
+    """The members' rows in one predict call, split back per task; alone, on a failure."""
+    if len(members) == 1:
+        _score_alone(members[0], jobs[members[0].index], batch)
+        return
+    t0 = time.perf_counter()
+    predictions = _shared_call(members)
+    if predictions is None:  # told apart task by task (outside the handler's exception)
+        for member in members:
+            _score_alone(member, jobs[member.index], batch)
+        return
+    infer_s = time.perf_counter() - t0
+    total = sum(m.array.shape[0] for m in members)
+    start = 0
+    for member in members:
+        rows = int(member.array.shape[0])
+        share = infer_s * rows / total
+        job = jobs[member.index]
+        try:
+            batch.outcomes[member.index] = _encoded(
+                predictions[start : start + rows], job.output_format, rows, member.decode_s, share
+            )
+        except BaseException as exc:  # this task's failure alone
+            batch.outcomes[member.index] = _handed_back(exc)
+        start += rows
+    batch.predict_calls.append(len(members))
+
+
+def _shared_call(members: list[_Decoded]) -> np.ndarray | None:
+    """The members' rows predicted together; None when that fails in any way."""
+    try:
+        rows = np.concatenate([m.array for m in members])
+        return checked_predictions(_state().handler.predict(rows), rows.shape[0])
+    except BaseException:  # each task is then predicted alone
+        return None

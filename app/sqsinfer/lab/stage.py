@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import orjson
 
-from sqsinfer.aws.sqs import REASON_ATTR
+from sqsinfer.aws.sqs import DEPTH_ATTRIBUTES, REASON_ATTR
 from sqsinfer.lab import standin, synthetic
 from sqsinfer.limits import SQS_FIFO_SUFFIX
 
@@ -35,11 +35,7 @@ MAX_RECEIVE_COUNT = 3
 # A local task takes well under a second: a short drain keeps every stop quick (the
 # worker insists on drain_deadline_s >= task_time_s).
 SHORT_DRAIN = {"SQSINFER_TASK_TIME_S": "5", "SQSINFER_DRAIN_DEADLINE_S": "10"}
-_DEPTH_ATTRIBUTES = [
-    "ApproximateNumberOfMessages",
-    "ApproximateNumberOfMessagesNotVisible",
-    "ApproximateNumberOfMessagesDelayed",
-]
+_DEPTH_ATTRIBUTES = list(DEPTH_ATTRIBUTES.values())
 
 
 # -- queues and buckets ---------------------------------------------------------------------

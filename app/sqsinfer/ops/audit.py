@@ -26,12 +26,14 @@ from sqsinfer.messages import (
     placeholder_values,
 )
 from sqsinfer.ops import common
+from sqsinfer.ops.deadletters import DEFAULT_DEADLINE_S, Ended
 from sqsinfer.ops.ledger import (
     Audit,
     AuditReport,
     Category,
     Options,
     Progress,
+    StageReport,
     StageSpec,
 )
 from sqsinfer.ops.manifest import (
@@ -119,6 +121,13 @@ def add_parser(sub: Any) -> None:
         default=30,
         help="how long each dead letter read stays hidden if this run dies, and how long "
         "(and 4 s) to wait for dead letters another reader holds (30)",
+    )
+    p.add_argument(
+        "--dlq-deadline-s",
+        type=common.positive_int,
+        default=int(DEFAULT_DEADLINE_S),
+        help="the longest the read of a dead-letter queue may take; the report says how "
+        f"many letters it read of how many ({int(DEFAULT_DEADLINE_S)})",
     )
     p.add_argument(
         "--show", type=int, default=20, help="tasks not committed listed in the report (20)"
@@ -295,11 +304,7 @@ def report_lines(report: AuditReport) -> Iterator[str]:
         if stage.dead_letters:
             reasons = ", ".join(f"{r} {n:,}" for r, n in sorted(stage.dead_letter_reasons.items()))
             yield f"{stage.name}: dead letters {stage.dead_letters:,} ({reasons})"
-        if stage.dead_letters_unread:
-            yield (
-                f"{stage.name}: {stage.dead_letters_unread:,} dead letters held by another "
-                "reader could not be read: missing tasks may be among them"
-            )
+        yield from _dead_letter_lines(stage)
         waiting = sum(stage.queue.values())
         if waiting:
             yield f"{stage.name}: {waiting:,} messages still on the queue: work in progress"
@@ -311,6 +316,39 @@ def report_lines(report: AuditReport) -> Iterator[str]:
     if report.problems > len(report.findings):
         yield f"  ... and {report.problems - len(report.findings):,} more (--tasks-out FILE)"
     yield _summary(report)
+
+
+# Why a pass over a dead-letter queue ended before it read every letter, and what to do.
+_PART_READ = {
+    Ended.LAPPED: "the holds lapsed before the pass ended (raise --dlq-hold-s)",
+    Ended.DEADLINE: "--dlq-deadline-s passed",
+}
+
+
+def _dead_letter_lines(stage: StageReport) -> Iterator[str]:
+    """How much of the stage's dead-letter queue was read, and what may follow from it."""
+    if not stage.dead_letters_ended:
+        return  # no dead-letter queue of its own (or one an earlier stage told of)
+    read, held = stage.dead_letters_read, stage.dead_letters_in_queue
+    why = _PART_READ.get(Ended(stage.dead_letters_ended))
+    if why is not None:
+        yield (
+            f"{stage.name}: dead-letter queue read in part: {read:,} letters of about {held:,}: "
+            f"{why}; missing tasks may be among the rest"
+        )
+    elif held or read:
+        yield f"{stage.name}: dead-letter queue read whole: {read:,} letters of about {held:,}"
+    if stage.dead_letters_unread:
+        yield (
+            f"{stage.name}: {stage.dead_letters_unread:,} dead letters held by another "
+            "reader could not be read: missing tasks may be among them"
+        )
+    if stage.dead_letters_at_limit:
+        yield (
+            f"{stage.name}: {stage.dead_letters_at_limit:,} dead letters have been received "
+            "as often as their queue's own redrive policy allows: the next receive, by "
+            "anyone, moves each on"
+        )
 
 
 def _summary(report: AuditReport) -> str:
@@ -390,6 +428,7 @@ async def _main(args: argparse.Namespace, run: _Run) -> int:
         lineage=args.lineage,
         concurrency=args.concurrency,
         dlq_hold_s=args.dlq_hold_s,
+        dlq_deadline_s=args.dlq_deadline_s,
         show=args.show,
     )
     async with open_clients(args.region, args.endpoint_url, args.concurrency) as clients:

@@ -36,7 +36,12 @@ from sqsinfer.aws.s3 import DataPath, ObjectInfo, Storage
 from sqsinfer.limits import S3_LIST_PAGE_MAX
 from sqsinfer.logs import Event
 from sqsinfer.messages import S3Uri
-from sqsinfer.ops.deadletters import DeadLetter, DeadLetterRead, DeadLetterReader
+from sqsinfer.ops.deadletters import (
+    DEFAULT_DEADLINE_S,
+    DeadLetter,
+    DeadLetterRead,
+    DeadLetterReader,
+)
 from sqsinfer.ops.keyindex import EXISTS, MARKER, WRITTEN_TWICE, DigestBuilder, KeyIndex
 from sqsinfer.ops.manifest import BadLine, Entry, Item
 from sqsinfer.ops.status import QueueRef, sample
@@ -91,6 +96,7 @@ class Options:
     lineage: bool = False  # HEAD every existing output: its owner and its model
     concurrency: int = 32
     dlq_hold_s: int = 30
+    dlq_deadline_s: float = DEFAULT_DEADLINE_S
     show: int = 20  # findings kept for the report (all go to the tasks file)
 
 
@@ -118,11 +124,18 @@ class StageReport:
     output_prefix: str
     model_sha256: str
     versions_listed: bool = False  # the bucket is versioned: written-twice was checked
+    lineage_checked: bool = False  # every output HEADed: its owner, and its model if asked
     categories: collections.Counter[str] = field(default_factory=collections.Counter)
     models: collections.Counter[str] = field(default_factory=collections.Counter)
     dead_letter_reasons: collections.Counter[str] = field(default_factory=collections.Counter)
     dead_letters: int = 0
     dead_letters_unread: int = 0
+    # Its DLQ's pass: the queue's count at its start, why it ended, letters at the limit
+    # of the DLQ's own redrive policy ("" and 0 without a DLQ, or for a DLQ's later stages).
+    dead_letters_in_queue: int = 0
+    dead_letters_read: int = 0
+    dead_letters_ended: str = ""
+    dead_letters_at_limit: int = 0
     dead_letters_not_in_manifest: int = 0
     outputs_not_in_manifest: int = 0
     outputs_looked_up: int = 0  # a message's own output outside the prefix: HEADed instead
@@ -136,11 +149,16 @@ class StageReport:
             "output_prefix": self.output_prefix,
             "model_sha256": self.model_sha256 or None,
             "versions_listed": self.versions_listed,
+            "lineage_checked": self.lineage_checked,
             **{c.value: self.categories[c] for c in Category},
             "by_model": dict(sorted(self.models.items())),
             "dead_letter_reasons": dict(sorted(self.dead_letter_reasons.items())),
             "dead_letters": self.dead_letters,
             "dead_letters_unread": self.dead_letters_unread,
+            "dead_letters_in_queue": self.dead_letters_in_queue,
+            "dead_letters_read": self.dead_letters_read,
+            "dead_letters_ended": self.dead_letters_ended or None,
+            "dead_letters_at_limit": self.dead_letters_at_limit,
             "dead_letters_not_in_manifest": self.dead_letters_not_in_manifest,
             "outputs_not_in_manifest": self.outputs_not_in_manifest,
             "outputs_looked_up": self.outputs_looked_up,
@@ -151,7 +169,7 @@ class StageReport:
 @dataclass
 class AuditReport:
     stages: list[StageReport]
-    lineage: bool = False
+    lineage: bool = False  # checked at every stage (`--lineage`, or a model for each)
     lines: int = 0
     tasks: int = 0
     bad_lines: int = 0
@@ -232,13 +250,13 @@ class Audit:
         self.options = options
         self.progress = progress or Progress()
         self.tasks_out = tasks_out
-        self.report = AuditReport(
-            [
-                StageReport(s.name, s.queue_url, s.dlq_url, str(s.output_prefix), s.model_sha256)
-                for s in stages
-            ],
-            lineage=options.lineage,
-        )
+        reports = [
+            StageReport(s.name, s.queue_url, s.dlq_url, str(s.output_prefix), s.model_sha256)
+            for s in stages
+        ]
+        for report in reports:  # a model asked for implies the HEADs (`_head_output`)
+            report.lineage_checked = options.lineage or bool(report.model_sha256)
+        self.report = AuditReport(reports, lineage=all(r.lineage_checked for r in reports))
         self.indexes: list[KeyIndex] = []
         self._listed_prefix = str(stages[0].output_prefix)
         # Per stage: task id -> its dead letter, and how many copies the DLQ holds. What
@@ -274,8 +292,8 @@ class Audit:
         """Every dead-letter queue of the chain, read at once (each pass ends in a poll)."""
         urls = list(dict.fromkeys(r.dlq_url for r in self.report.stages if r.dlq_url))
         self.progress.phase("dead letters")
-        hold_s = self.options.dlq_hold_s
-        readers = [DeadLetterReader(self.sqs, url, hold_s, hold_s) for url in urls]
+        hold_s, deadline_s = self.options.dlq_hold_s, self.options.dlq_deadline_s
+        readers = [DeadLetterReader(self.sqs, url, hold_s, hold_s, deadline_s) for url in urls]
         for found in await asyncio.gather(*(reader.read() for reader in readers)):
             self.progress.advance(len(found.letters))
             self._file_dead_letters(found)
@@ -294,8 +312,13 @@ class Audit:
                 self.copies[i][letter.task_id] += 1
             else:
                 report.dead_letters_not_in_manifest += 1
-        for i in using[:1]:
-            self.report.stages[i].dead_letters_unread += found.unread
+        for i in using[:1]:  # a DLQ several stages share is told of once, at the first
+            report = self.report.stages[i]
+            report.dead_letters_unread += found.unread
+            report.dead_letters_in_queue = found.in_queue
+            report.dead_letters_read = len(found.letters)
+            report.dead_letters_ended = found.ended.value
+            report.dead_letters_at_limit = found.at_limit
 
     def _stage_of(self, letter: DeadLetter, using: list[int]) -> int:
         for i in using:
@@ -452,7 +475,7 @@ class Audit:
         )
 
     def _head_output(self, facts: list[_Facts], i: int) -> bool:
-        return facts[i].exists and (self.options.lineage or bool(self.stages[i].model_sha256))
+        return facts[i].exists and self.report.stages[i].lineage_checked
 
     def _read_link(self, facts: list[_Facts], i: int) -> bool:
         """A stage's output exists, the next one's does not, and the marker says more."""

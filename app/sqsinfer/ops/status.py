@@ -21,7 +21,7 @@ from typing import IO, Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from sqsinfer import config
-from sqsinfer.aws.sqs import SqsQueue
+from sqsinfer.aws.sqs import SqsQueue, depth
 from sqsinfer.ops import common
 from sqsinfer.ops.enqueue import BORROWED, in_thread, validator_from_args
 from sqsinfer.ops.groups import GroupLedger, GroupReport
@@ -32,12 +32,6 @@ from sqsinfer.ops.manifest import (
     read_manifest,
     run_on_manifest,
 )
-
-_COUNTS = {
-    "visible": "ApproximateNumberOfMessages",
-    "in_flight": "ApproximateNumberOfMessagesNotVisible",
-    "delayed": "ApproximateNumberOfMessagesDelayed",
-}
 
 EPILOG = """\
 Each queue's dead-letter queue (from its redrive policy) is shown under it.
@@ -159,13 +153,9 @@ async def sample(sqs: Any, refs: Sequence[QueueRef]) -> list[Sample]:
 
     async def one(ref: QueueRef) -> Sample:
         try:
-            response = await sqs.get_queue_attributes(
-                QueueUrl=ref.url, AttributeNames=list(_COUNTS.values())
-            )
+            counts = await depth(sqs, ref.url)
         except (ClientError, BotoCoreError) as exc:
             raise StatusError(f"cannot read {ref.url}: {exc}") from None
-        attrs = response.get("Attributes", {})
-        counts = {key: int(attrs.get(name, 0)) for key, name in _COUNTS.items()}
         return Sample(ref, at_s=time.monotonic(), **counts)
 
     return list(await asyncio.gather(*(one(ref) for ref in refs)))

@@ -1,5 +1,6 @@
 """What the worker's start-up builds once its dependencies answered: the pipeline that
-handles each message, and the visibility keeper of the messages it holds.
+handles each message, the visibility keeper of the messages it holds, and the sampler
+of its queues' depth.
 
 Apart from the lifecycle so that `Worker.startup` reads as its plan (checks, pool,
 parts, ready) and the wiring of the parts (which client each one is given, and why)
@@ -19,6 +20,7 @@ from sqsinfer.metrics import Metrics
 from sqsinfer.worker.pipeline import Pipeline
 from sqsinfer.worker.pool import InferencePool
 from sqsinfer.worker.preflight import Dependencies
+from sqsinfer.worker.queue_depth import DEAD_LETTER, SOURCE, QueueDepth
 from sqsinfer.worker.visibility import VisibilityKeeper
 
 
@@ -48,6 +50,7 @@ def producer(s: config.Settings, found: Dependencies, pool: InferencePool) -> li
         handler_version=pool.handler_version or lineage.UNKNOWN_VERSION,
         worker=s.worker_id,
         model_version=s.model_version,
+        model_output=pool.model_output,
     )
 
 
@@ -93,3 +96,13 @@ def keeper(
         metrics=metrics,
         on_expired=on_expired,
     )
+
+
+def queue_depth(
+    s: config.Settings, clients: Clients, found: Dependencies, metrics: Metrics
+) -> QueueDepth | None:
+    """The sampler of the queue's and the DLQ's depth, or None when queue_sample_s is 0."""
+    if not s.queue_sample_s:
+        return None
+    queues = {SOURCE: s.queue_url, DEAD_LETTER: found.dlq_url}
+    return QueueDepth(clients.sqs, queues, metrics, s.queue_sample_s)

@@ -19,6 +19,13 @@ included (each then hidden for a visibility timeout, one receive spent). Every r
 what that receive brought; it ends within `wait_time_s`, which the shutdown budget
 counts. A second signal abandons it.
 
+A worker may also end by itself, as a job's does: once `max_tasks` messages were taken
+(each receive asks for no more than are left, so the rest stay on the queue, visible to
+others) and have ended, or once its queue stayed empty with nothing in flight for
+`exit_when_idle_s`. The main loop then ends as on a signal, with nothing to release,
+and the worker exits 0. A message handed back unstarted does not count towards
+`max_tasks`; one retried or rejected does (its work was spent here).
+
 When no inference process can start (every slot lost and its restart refused), the
 worker stops receiving, releases the messages still waiting for a process, and fails
 /readyz at once; it receives again once a process is back.
@@ -30,6 +37,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import math
 import signal
 import time
 from typing import Any
@@ -38,14 +46,14 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from sqsinfer import __version__, config, shm, tracing
 from sqsinfer.aws.session import Clients, open_clients
-from sqsinfer.aws.sqs import Message, SqsQueue
+from sqsinfer.aws.sqs import Message, SqsQueue, oldest_age_s
 from sqsinfer.backoff import Backoff
 from sqsinfer.logs import Event
 from sqsinfer.metrics import Metrics, Phase
 from sqsinfer.outcomes import Outcome
 from sqsinfer.runtime import STOP_SIGNALS, EarlySignals
-from sqsinfer.tracing.api import FLUSH_S
-from sqsinfer.worker import assemble
+from sqsinfer.tracing.api import FLUSH_S, Tracer
+from sqsinfer.worker import assemble, pod_cost
 from sqsinfer.worker.health import HealthServer
 from sqsinfer.worker.inflight import InFlightLimit
 from sqsinfer.worker.pipeline import FINISHING_STEPS, Held, Pipeline, Step
@@ -84,6 +92,8 @@ class Worker:
                 threads=settings.threads_per_process,
                 model_sha256=settings.model_sha256,
                 max_decoded_bytes=settings.max_decoded_bytes,
+                model_output=settings.model_output,
+                coalesce_max_rows=settings.coalesce_max_rows if settings.coalesce else 0,
             ),
             self.metrics,
         )
@@ -97,12 +107,20 @@ class Worker:
         self._forced = asyncio.Event()
         self._background: list[asyncio.Task[Any]] = []
         self._shutdown_at: float | None = None
-        # OpenTelemetry's variables (OTEL_*) decide; `tracing.OFF` without the otel extra.
-        self.tracer = tracing.from_env(service_instance=settings.worker_id, component="worker")
+        self.tracer = worker_tracer(settings)
+        # This pod's object in the Kubernetes API, when pod_deletion_cost is on.
+        self.kube = pod_cost.target(settings)
+        self.deletion_cost: pod_cost.DeletionCost | None = None
         # The long poll the main loop has out (None once its answer was taken), and when
         # it was sent.
         self._receiving: asyncio.Task[list[Message]] | None = None
         self._receive_sent_at = 0.0
+        # Messages taken, less those handed back unstarted (what `max_tasks` counts).
+        self.taken = 0
+        # When the worker last received a message or ended a task (`exit_when_idle_s`),
+        # and whether its last receive found the queue empty.
+        self._last_activity = time.monotonic()
+        self._found_empty = False
 
     # -- the plan -------------------------------------------------------------------
     async def serve(self) -> None:
@@ -167,13 +185,31 @@ class Worker:
         self._background.append(asyncio.create_task(self.pool.watch(), name="pool-watch"))
         log.info(
             Event.POOL_READY,
-            extra={"processes": s.processes, "startup_s": round(self.pool.startup_s, 3)},
+            extra={
+                "processes": s.processes,
+                "startup_s": round(self.pool.startup_s, 3),
+                # 0: no coalescing (switched off, or the handler does not allow it).
+                "coalesce_max_rows": self.pool.coalesce_max_rows,
+            },
         )
         pipeline = assemble.pipeline(s, clients, found, self.pool, self.metrics)
         pipeline.receive_ended = self._receive_ended
         self.keeper = assemble.keeper(s, pipeline.queue, self.metrics, self._expire)
         self._background.append(asyncio.create_task(self.keeper.run(), name="visibility"))
+        sampler = assemble.queue_depth(s, clients, found, self.metrics)
+        if sampler is not None:
+            self._background.append(asyncio.create_task(sampler.run(), name="queue-depth"))
+        if self.kube is not None:
+            self.deletion_cost = pod_cost.DeletionCost(
+                self.kube, self.metrics, self._holds, s.pod_deletion_cost_idle_s
+            )
+            cost = asyncio.create_task(self.deletion_cost.run(), name="pod-deletion-cost")
+            self._background.append(cost)
         return pipeline
+
+    def _holds(self) -> bool:
+        """Whether any message is held: the pod is busy, and costly to delete."""
+        return bool(self.held)
 
     # -- main loop --------------------------------------------------------------------
     async def main_loop(self, pipeline: Pipeline) -> None:
@@ -186,24 +222,29 @@ class Worker:
                 "ceiling": self.limit.ceiling,
             },
         )
+        self._last_activity = time.monotonic()
         failures = 0
-        while not self.should_exit:
+        while not self.should_exit and not self._work_done():
             self.last_progress = time.monotonic()
             if self.pool.stalled:  # nothing received could be computed: leave it to others
                 self._pause()
                 await self._wait_for_wake(_IDLE_TICK_S)
                 continue
             self._resume()
-            room = self.room()
-            if room < self.limit.receive_batch:
+            size = self._receive_size()
+            if size == 0:
                 await self._wait_for_wake(_IDLE_TICK_S)
                 continue
-            messages = await self._receive(pipeline.queue, room)
+            messages = await self._receive(pipeline.queue, size, self._receive_wait_s())
+            self._found_empty = messages == []
             if messages is None:
                 failures += 1
                 await self._wait_for_wake(_RECEIVE_BACKOFF.delay_s(failures - 1))
                 continue
             failures = 0
+            if messages:
+                self.taken += len(messages)
+                self._last_activity = time.monotonic()
             # On a FIFO queue, each message waits for the one before it in its group. (A
             # standard queue's groups are a fair queue's tenants: no order to keep.)
             ordered = pipeline.queue.fifo
@@ -214,13 +255,49 @@ class Worker:
                 if group:
                     last_of_group[group] = held
 
-    async def _receive(self, queue: SqsQueue, capacity: int) -> list[Message] | None:
+    def _receive_size(self) -> int:
+        """How many messages a receive asks for now; 0 until one is worth its call. Never
+        more than `max_tasks` leaves: the rest stay on the queue, visible to others."""
+        room, batch = self.room(), self.limit.receive_batch
+        if self.settings.max_tasks:
+            left = self.settings.max_tasks - self.taken
+            room, batch = min(room, left), min(batch, left)
+        return room if room > 0 and room >= batch else 0
+
+    def _receive_wait_s(self) -> int:
+        """The long poll's wait: with `exit_when_idle_s` and nothing in flight, it ends
+        when the worker would have been idle long enough (a second at least: a shorter
+        poll samples only some of SQS's servers, and may miss what waits)."""
+        s = self.settings
+        if not s.exit_when_idle_s or self.held:
+            return s.wait_time_s
+        left_s = s.exit_when_idle_s - (time.monotonic() - self._last_activity)
+        return min(s.wait_time_s, max(1, math.ceil(left_s)))
+
+    def _work_done(self) -> bool:
+        """Whether the worker has done what it was started for, nothing being in flight:
+        taken its `max_tasks`, or found its queue empty for `exit_when_idle_s`."""
+        s = self.settings
+        if self.held:
+            return False
+        idle_s = time.monotonic() - self._last_activity
+        if s.max_tasks and self.taken >= s.max_tasks:
+            reason = "max_tasks"
+        elif s.exit_when_idle_s and self._found_empty and idle_s >= s.exit_when_idle_s:
+            reason = "idle"
+        else:
+            return False
+        log.info(
+            Event.WORK_DONE,
+            extra={"reason": reason, "taken": self.taken, "idle_s": round(idle_s, 3)},
+        )
+        return True
+
+    async def _receive(self, queue: SqsQueue, capacity: int, wait_s: int) -> list[Message] | None:
         """One long poll, left to shutdown when it begins meanwhile. None on failure."""
         s = self.settings
         started = time.perf_counter()
-        receive = asyncio.create_task(
-            queue.receive(capacity, s.wait_time_s, s.visibility_timeout_s)
-        )
+        receive = asyncio.create_task(queue.receive(capacity, wait_s, s.visibility_timeout_s))
         self._receiving, self._receive_sent_at = receive, time.monotonic()
         stop = asyncio.create_task(self._exit_requested.wait())
         await asyncio.wait({receive, stop}, return_when=asyncio.FIRST_COMPLETED)
@@ -240,6 +317,7 @@ class Worker:
         spent_s = time.perf_counter() - started
         self.metrics.observe(Phase.RECEIVE, spent_s)
         self.tracer.received(queue.url, spent_s, messages)
+        self.metrics.received_age.set(oldest_age_s(messages, time.time()))
         if messages:  # an empty long poll says nothing of how fast slots refill
             self.limit.observe_receive(spent_s)
         return messages
@@ -299,6 +377,10 @@ class Worker:
         held = self.held.pop(task, None)
         if held is not None and self.keeper is not None:
             self.keeper.discard(held.message)
+        ended = not task.cancelled() and task.exception() is None
+        if ended and task.result() == Outcome.RELEASED:
+            self.taken -= 1  # handed back unstarted: another pod's task, not this one's
+        self._last_activity = time.monotonic()
         self.metrics.in_flight.set(self.working())
         self._wake.set()
 
@@ -347,6 +429,7 @@ class Worker:
     def _resume(self) -> None:
         if self.paused:
             self.paused = False
+            self._last_activity = time.monotonic()  # paused is not idle: it received nothing
             log.info(Event.RECEIVING_RESUMED, extra={"processes": self.pool.ready_count})
 
     async def _wait_for_wake(self, timeout_s: float) -> None:
@@ -370,7 +453,9 @@ class Worker:
             },
         )
         self._release(unstarted)  # each waits for the pending receive before it goes
-        await asyncio.gather(self._drain(pipeline.queue), self._end_last_receive(pipeline))
+        await asyncio.gather(
+            self._drain(pipeline.queue), self._end_last_receive(pipeline), self._cost_low()
+        )
         for task in self._background:
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
@@ -378,6 +463,10 @@ class Worker:
             await pipeline.next_stage.drain()
         await pipeline.queue.drain()
         log.info(Event.STOPPED, extra={"outcomes": dict(self.metrics.outcomes)})
+
+    async def _cost_low(self) -> None:
+        if self.deletion_cost is not None:
+            await self.deletion_cost.lowest()
 
     async def _drain(self, queue: SqsQueue) -> None:
         deadline = time.monotonic() + self.settings.drain_deadline_s
@@ -479,6 +568,12 @@ class Worker:
 
     def metrics_text(self, openmetrics_format: bool = False) -> bytes:
         return self.metrics.render(openmetrics_format)
+
+
+def worker_tracer(settings: config.Settings) -> Tracer:
+    """The worker's tracer: OpenTelemetry's variables (OTEL_*) decide; `tracing.OFF`
+    without the otel extra. A bad variable raises an ExternalConfigError naming it."""
+    return tracing.from_env(service_instance=settings.worker_id, component="worker")
 
 
 async def run_worker(

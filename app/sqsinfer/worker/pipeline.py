@@ -598,29 +598,26 @@ class Pipeline:
     async def _infer(self, held: Held, task: Task, shm_name: str, size: int) -> dict[str, Any]:
         held.step = Step.WAITING
         waited = time.perf_counter()
-        async with self.pool.lease() as lease:
+
+        def started() -> None:  # a process took it (alone, or with other small tasks)
             Timer(held, self.metrics, Phase.WAIT_PROCESS).record(time.perf_counter() - waited)
             held.step = Step.COMPUTING
-            began = time.perf_counter()
-            result = await lease.run(
-                inference.run_task,
-                shm_name,
-                size,
-                task.input_format,
-                task.output_format,
-                task.input_options,
-            )
-        total = time.perf_counter() - began
-        events = compute_events(total, result)
-        Timer(held, self.metrics, None, "compute").record(
-            total, attributes={"sqsinfer.rows": int(result["rows"])}, events=events
+
+        job = inference.Job(
+            shm_name, size, task.input_format, task.output_format, task.input_options
         )
-        for phase in (Phase.DECODE, Phase.INFER, Phase.ENCODE):
-            Timer(held, self.metrics, phase).record(result[f"{phase}_s"])
-        # What the child did not account for is the cost of handing work over and back.
+        result = await self.pool.compute(job, started)
+        # Coalesced, a task's infer is its rows' share of the call, and its handoff its
+        # share of the call's round trip beyond what the process spent: the tasks' phases
+        # (and compute spans) add up to the process's time. Alone, the round trip.
         spent = result["decode_s"] + result["infer_s"] + result["encode_s"]
+        total = result["handoff_s"] + spent
+        rows = {"sqsinfer.rows": int(result["rows"])}
+        events = compute_events(total, result)
+        Timer(held, self.metrics, None, "compute").record(total, attributes=rows, events=events)
+        for phase in (Phase.DECODE, Phase.INFER, Phase.ENCODE, Phase.HANDOFF):
+            Timer(held, self.metrics, phase).record(result[f"{phase}_s"])
         self.metrics.process_busy.inc(spent)
-        Timer(held, self.metrics, Phase.HANDOFF).record(max(0.0, total - spent))
         self.metrics.rows.inc(result["rows"])
         return result
 
@@ -711,10 +708,12 @@ class Pipeline:
 
     def _dead_letter_ids(self, held: Held, copy: DeadLetter, task_id: str | None) -> FifoIds | None:
         """A FIFO DLQ's ids for a copy: the message's own group (a redrive keeps its
-        order), else its task's; one copy of each message (or record) in SQS's window."""
-        if not self.dead_letters.fifo:
-            return None
+        order), else its task's; one copy of each message (or record) in SQS's window. On
+        a standard DLQ, a fair queue's message keeps its group (its tenant) alone, as the
+        redrive policy's move and `sqsinfer redrive` keep it."""
         message = held.message
+        if not self.dead_letters.fifo:
+            return FifoIds(message.group_id, "") if message.group_id else None
         group = message.group_id or message_group(task_id or message.message_id)
         return FifoIds(group, deduplication_id(f"{message.message_id}\n{copy.body}"))
 

@@ -44,11 +44,45 @@ class Handler(Protocol):
     Optional: `version`, a string written in every output's metadata (`handler-version`)
     once the model is loaded. Without it, the version of the installed distribution the
     handler's module comes from (`handler_version`).
+
+    Optional, for a model of several outputs: `choose_output(name: str)`, called before
+    `load` when the model output setting names one, and `output_name`, the output served
+    once loaded (written in every output's metadata as `model-output`). A handler without
+    `choose_output` serves one output, and the setting is refused for it.
+
+    Optional: `rows_independent = True`, the handler's word that each output row depends
+    on its input row alone, bit for bit, whatever other rows share the call. The worker
+    may then score the rows of several small tasks in one `predict` call and split the
+    result back per task (`rows_independent`). Without it, each task is its own call.
     """
 
     def load(self, model_path: str, threads: int) -> None: ...
 
     def predict(self, array: np.ndarray) -> np.ndarray: ...
+
+
+# The setting that names the output (config.Settings.model_output), for messages written
+# here, where the settings are not imported (a test holds the two to one name).
+MODEL_OUTPUT_SETTING = "SQSINFER_MODEL_OUTPUT"
+
+
+def choose_output(handler: Handler, name: str, handler_path: str) -> None:
+    """Tell a handler which model output to serve (`name`; "" leaves its default)."""
+    if not name:
+        return
+    choose = getattr(handler, "choose_output", None)
+    if not callable(choose):
+        raise ModelLoadError(
+            f"{MODEL_OUTPUT_SETTING}={name!r}, but handler {handler_path!r} serves a model's "
+            "one output and cannot choose another: unset it"
+        )
+    choose(name)
+
+
+def output_served(handler: Handler) -> str:
+    """The model output a loaded handler serves, by name ("" when it has one only)."""
+    name = getattr(handler, "output_name", "")
+    return name if isinstance(name, str) else ""
 
 
 def resolve(name: str) -> str:
@@ -68,6 +102,12 @@ def import_handler(name: str) -> Handler:
     if not isinstance(handler, Handler):
         raise ModelLoadError(f"handler {name!r} has no load()/predict()")
     return handler
+
+
+def rows_independent(handler: Handler) -> bool:
+    """Whether the handler lets several tasks' rows share one predict call: only when it
+    says so (`rows_independent = True`), never by default."""
+    return getattr(handler, "rows_independent", False) is True
 
 
 def handler_version(handler: Handler) -> str:

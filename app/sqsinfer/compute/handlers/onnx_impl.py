@@ -2,7 +2,12 @@
 
 Teams export PyTorch, scikit-learn and TensorFlow models to ONNX; one handler serves
 them all. The model's first input must take a float32 matrix (rows × features, the
-rows dimension dynamic); its first output is the prediction, rows or rows × outputs.
+rows dimension dynamic). The output served (rows, or rows × outputs) is the one the model
+output setting names; by default the model's only output, or, of several, its only
+floating-point tensor: a converted classifier's probabilities beside its integer label
+(onnxmltools' `convert_xgboost` puts `label` first and `probabilities` second, and the
+label is not what a score is). Anything else is ambiguous, and the model is refused at
+start-up with its outputs named, never served by position.
 """
 
 from __future__ import annotations
@@ -12,6 +17,11 @@ from typing import Any
 import numpy as np
 
 from sqsinfer.compute.errors import InputError, ModelLoadError
+from sqsinfer.compute.handlers import MODEL_OUTPUT_SETTING
+
+# Numeric tensors a prediction may be; the floating-point ones are a model's scores.
+_FLOATS = frozenset({"tensor(float)", "tensor(double)", "tensor(float16)"})
+_NUMERIC = _FLOATS | {f"tensor({t})" for t in ("int8", "int16", "int32", "int64", "uint8", "bool")}
 
 
 class OnnxHandler:
@@ -19,7 +29,12 @@ class OnnxHandler:
         self.session: Any = None
         self.input_name = ""
         self.output_name = ""
+        self.chosen = ""  # the model output setting's name ("": the default rule)
         self.n_features = 0
+
+    def choose_output(self, name: str) -> None:
+        """Serve the output of this name (checked against the model when it loads)."""
+        self.chosen = name
 
     @property
     def version(self) -> str:
@@ -68,7 +83,7 @@ class OnnxHandler:
             raise ModelLoadError(f"ONNX input {first.name!r} is {first.type}, not tensor(float)")
         self.session = session
         self.input_name = first.name
-        self.output_name = session.get_outputs()[0].name
+        self.output_name = served_output(session.get_outputs(), self.chosen)
         self.n_features = int(first.shape[1])
 
     def predict(self, array: np.ndarray) -> np.ndarray:
@@ -80,3 +95,29 @@ class OnnxHandler:
         feed = {self.input_name: np.ascontiguousarray(array, dtype=np.float32)}
         (out,) = self.session.run([self.output_name], feed)
         return np.asarray(out)
+
+
+def served_output(outputs: list[Any], chosen: str) -> str:
+    """The name of the output to serve: `chosen`, the only one, or the only float tensor."""
+    listed = ", ".join(f"{o.name} ({o.type})" for o in outputs)
+    if chosen:
+        found = [o for o in outputs if o.name == chosen]
+        if not found:
+            raise ModelLoadError(
+                f"{MODEL_OUTPUT_SETTING}={chosen!r}, but the model's outputs are: {listed}"
+            )
+        if found[0].type not in _NUMERIC:
+            raise ModelLoadError(
+                f"ONNX output {chosen!r} is {found[0].type}, not a numeric tensor (a "
+                "classifier's ZipMap output: convert it with zipmap=False)"
+            )
+        return chosen
+    if len(outputs) == 1:
+        return str(outputs[0].name)
+    floats = [o for o in outputs if o.type in _FLOATS]
+    if len(floats) == 1:
+        return str(floats[0].name)
+    raise ModelLoadError(
+        f"the model has several outputs ({listed}) and no one float tensor among them to "
+        f"serve by default: name the one to serve with {MODEL_OUTPUT_SETTING}"
+    )
