@@ -3,6 +3,7 @@ a collector that never answers."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -15,6 +16,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 from sqsinfer.bench.otlp import OtlpReceiver
+from sqsinfer.tracing.api import FLUSH_THREAD
 
 
 @dataclass
@@ -149,7 +151,22 @@ class SilentCollector:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        """Answer at last (an empty success), so that an export still waiting ends now."""
         self._server.close()
         with self._lock:
             for connection in self._held:
+                with contextlib.suppress(OSError):
+                    connection.sendall(ANSWER)
                 connection.close()
+
+
+ANSWER = b"HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\nContent-Length: 0\r\n\r\n"
+
+
+def flushes_ended(timeout_s: float = 30.0) -> bool:
+    """Whether every export left behind at an exit (a tracer's flush thread) has ended."""
+    deadline = time.monotonic() + timeout_s
+    for thread in threading.enumerate():
+        if thread.name == FLUSH_THREAD:
+            thread.join(max(0.0, deadline - time.monotonic()))
+    return not any(t.name == FLUSH_THREAD for t in threading.enumerate())

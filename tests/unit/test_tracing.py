@@ -22,7 +22,7 @@ from sqsinfer.limits import SQS_MAX_ATTRIBUTES
 from sqsinfer.tracing import sdk
 from sqsinfer.tracing.api import FLUSH_S
 from sqsinfer.worker.pipeline import compute_events, end_trace
-from tests.otlp import SilentCollector, traceparent
+from tests.otlp import SilentCollector, flushes_ended, traceparent
 
 PARENT = traceparent("0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331")
 TASK = traceparent("0af7651916cd43dd8448eb211c80319c", "00f067aa0ba902b7")
@@ -241,6 +241,7 @@ def test_a_collector_that_never_answers_holds_up_the_exit_by_one_second_at_most(
             time.sleep(0.01)
         assert collector.requests == 1  # the span's request reached it, never answered
     assert took_s < FLUSH_S + 1.0  # not the exporter's 30 s
+    assert flushes_ended()  # answered at last, the export left behind ended
 
 
 def test_the_bench_counts_the_spans_of_a_request(traces_on):

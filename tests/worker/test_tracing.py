@@ -28,7 +28,15 @@ from sqsinfer.lab.stage import SHORT_DRAIN, stage_settings, worker_env
 from sqsinfer.tracing.api import FLUSH_S
 from tests import handlers
 from tests.conftest import Stage, eventually, outcome_count, running
-from tests.otlp import SilentCollector, Span, otlp, parse_traceparent, received, traceparent
+from tests.otlp import (
+    SilentCollector,
+    Span,
+    flushes_ended,
+    otlp,
+    parse_traceparent,
+    received,
+    traceparent,
+)
 
 __all__ = ["otlp"]  # the fixture
 
@@ -515,6 +523,7 @@ async def test_a_collector_that_never_answers_holds_up_no_exit_more_than_a_secon
         async with running(make_settings(handler=SCRIPTED)) as worker:
             await eventually(lambda: outcome_count(worker, "committed") == 1)
         worker_exited_at = time.time()
+    assert flushes_ended()  # answered at last, the worker's export left behind ended
     # One request of each, held and never answered: sent at the exit, the rest waited for.
     enqueue_asked_at, worker_asked_at = collector.asked_at
     # The command logs to the console: `<time> WARNING sqsinfer.enqueue: <msg>  timeout_s=1.0`

@@ -19,6 +19,7 @@ EXEMPLAR_LABEL = "trace_id"
 # The longest a command waits at its exit for its last spans to reach the collector: one
 # that is down or slow costs those spans, never a longer exit.
 FLUSH_S = 1.0
+FLUSH_THREAD = "sqsinfer-traces-flush"  # where an export at the exit is left behind
 # A moment within a step's span: (name, seconds after the span's start, attributes).
 StepEvent = tuple[str, float, Mapping[str, Any]]
 

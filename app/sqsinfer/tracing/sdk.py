@@ -289,5 +289,5 @@ class SdkTracer(api.Tracer):
             finally:
                 done.set()
 
-        threading.Thread(target=close, name="sqsinfer-traces-flush", daemon=True).start()
+        threading.Thread(target=close, name=api.FLUSH_THREAD, daemon=True).start()
         return done.wait(timeout_s)

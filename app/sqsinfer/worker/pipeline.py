@@ -260,6 +260,10 @@ class Records:
         ]
 
 
+# -- a task's trace: where its spans open and close ---------------------------------
+# A task's span opens at its receive (the worker's tracer) and a record's at the record's
+# start; each step's span is its `Timer`'s; a task's (or a record's) ends at its outcome
+# (`end_trace`), else when its handling ends (`Pipeline.handle`).
 # The steps that are spans of their task, by phase (the child's decode, predict and encode
 # are events of `compute`, where they ran: `compute_events`).
 STEP_SPANS = {
@@ -306,7 +310,8 @@ class Timer:
 
 
 def compute_events(total_s: float, child: dict[str, Any]) -> tuple[StepEvent, ...]:
-    """The child's steps as events of `compute` (the lease of a process), where they ran.
+    """The child's steps as events of `compute` (the task's time in a process, hand-over
+    there and back included), where they ran.
     The child measures each step's length, not its clock: the steps are laid end to end,
     the time of the hand-over (there and back) split either side of them."""
     spent_s = sum(float(child[key]) for key, _ in _CHILD_STEPS)
@@ -329,6 +334,15 @@ def end_trace(
             facts["sqsinfer.output"] = str(task.output)
         trace.note(facts)
     trace.end(seconds, (reason or str(outcome)) if outcome in _FAILED else "")
+
+
+def end_records_trace(trace: TaskTrace, outcomes: list[Outcome], seconds: float) -> None:
+    """End the span of a message of several records at the outcomes they ended in."""
+    if trace.recording:
+        listed = [str(outcome) for outcome in outcomes]
+        trace.note({"sqsinfer.records": len(listed), "sqsinfer.outcomes": listed})
+    failed = sum(outcome in _FAILED for outcome in outcomes)
+    trace.end(seconds, f"{failed} of {len(outcomes)} records" if failed else "")
 
 
 class OutputVanished(Exception):
@@ -901,10 +915,7 @@ class Pipeline:
                 fields["reason"] = end.reason
             fields["phases"] = end.timings
             log.info(Event.TASK_FINISHED, extra=fields)
-        outcomes = [str(end.outcome) for end in run.ended]
-        held.message.trace.note({"sqsinfer.records": len(outcomes), "sqsinfer.outcomes": outcomes})
-        failed = sum(end.outcome in _FAILED for end in run.ended)
-        held.message.trace.end(elapsed, f"{failed} of {len(outcomes)} records" if failed else "")
+        end_records_trace(held.message.trace, [end.outcome for end in run.ended], elapsed)
 
     def _count_events(self, held: Held, body: events.Body) -> None:
         if body.shape in events.EVENT_SHAPES:
