@@ -454,32 +454,26 @@ async def _server_side(sqs: Any, args: argparse.Namespace) -> int:
     except (RedriveError, MoveTaskError) as exc:
         print(f"sqsinfer redrive: {exc}", file=sys.stderr)
         if mover is not None and mover.report.task_handle:
-            _print_move(mover.report, args)
+            _print(mover.report, args)
         return common.EXIT_FAILED
     except asyncio.CancelledError:
         if mover is not None:
-            _print_move(mover.report, args)
+            _print(mover.report, args)
         raise
-    _print_move(report, args)
+    _print(report, args)
     return report.exit_code()
 
 
-def _print_move(report: MoveReport, args: argparse.Namespace) -> None:
+def _print(report: RedriveReport | MoveReport, args: argparse.Namespace) -> None:
     if args.json:
         import orjson
 
         print(orjson.dumps(report.as_dict()).decode())
         return
-    if sys.stderr.isatty():
-        print(file=sys.stderr)  # below the progress line
-    print(report.summary_line())
-
-
-def _print(report: RedriveReport, args: argparse.Namespace) -> None:
-    if args.json:
-        import orjson
-
-        print(orjson.dumps(report.as_dict()).decode())
+    if isinstance(report, MoveReport):
+        if sys.stderr.isatty():
+            print(file=sys.stderr)  # below the progress line
+        print(report.summary_line())
         return
     from rich.console import Console
 
