@@ -115,6 +115,8 @@ class Event(StrEnum):
     NO_TARGET_FOR_MESSAGE = "no target for message"
     NOT_SENT = "not sent"
     MESSAGES_NOT_RELEASED = "messages not released, visible again when their hold lapses"
+    MOVE_TASK_NOT_READ = "cannot read the message move task, reading again"
+    MOVE_TASK_NOT_CANCELLED = "message move task not cancelled"
     # sqsinfer audit
     AUDIT_LISTING_AGAIN = "listing again through the SDK"
     # sqsinfer bench

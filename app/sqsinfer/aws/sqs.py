@@ -423,6 +423,12 @@ class SqsQueue:
         )
         return result
 
+    async def arn(self) -> str:
+        response = await self.client.get_queue_attributes(
+            QueueUrl=self.url, AttributeNames=["QueueArn"]
+        )
+        return str(response["Attributes"]["QueueArn"])
+
     async def redrive_target(self) -> str | None:
         """URL of the queue's dead-letter queue from its redrive policy, if it has one."""
         policy = await self.redrive_policy()
