@@ -109,8 +109,6 @@ class Event(StrEnum):
     # traces
     TRACING_UNAVAILABLE = "OTEL_ variables set, but the otel extra is not installed: no traces"
     TRACES_NOT_FLUSHED = "traces not all exported before the exit"
-    SPAN_ATTRIBUTE_NOT_EXPORTED = "a span attribute of a type OTLP cannot carry, left out"
-    SPANS_NOT_ENCODED = "a batch of spans could not be encoded, dropped"
     # sqsinfer enqueue
     OUTPUT_CHECK_FAILED = "cannot check the output, sending the task"
     # sqsinfer redrive
