@@ -1,7 +1,12 @@
-"""The spans an OTLP/HTTP receiver got, decoded with opentelemetry-proto (the exporter's own)."""
+"""The spans an OTLP/HTTP receiver got, decoded with opentelemetry-proto (the exporter's own);
+a collector that never answers."""
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -11,6 +16,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 from sqsinfer.bench.otlp import OtlpReceiver
+from sqsinfer.tracing.api import FLUSH_THREAD
 
 
 @dataclass
@@ -97,3 +103,70 @@ def otlp(monkeypatch: pytest.MonkeyPatch) -> Iterator[OtlpReceiver]:
         monkeypatch.setenv("OTEL_SERVICE_NAME", "sqsinfer-test")
         monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")  # export within 0.1 s
         yield receiver
+
+
+class SilentCollector:
+    """A collector that is there and stuck: it accepts every connection, reads what comes
+    and never answers. `asked_at`: when each connection sent its first bytes, a request
+    (`time.time()`; the exporter waits for an answer before it sends again)."""
+
+    def __init__(self) -> None:
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self._held: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self.asked_at: list[float] = []
+        threading.Thread(target=self._accept, name="silent-collector", daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        host, port = self._server.getsockname()[:2]
+        return f"http://{host}:{port}"
+
+    @property
+    def requests(self) -> int:
+        with self._lock:
+            return len(self.asked_at)
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                connection, _ = self._server.accept()
+            except OSError:  # closed
+                return
+            with self._lock:
+                self._held.append(connection)
+            threading.Thread(target=self._read, args=(connection,), daemon=True).start()
+
+    def _read(self, connection: socket.socket) -> None:
+        try:
+            if connection.recv(65536):
+                with self._lock:
+                    self.asked_at.append(time.time())
+            while connection.recv(65536):
+                pass
+        except OSError:
+            pass
+
+    def __enter__(self) -> SilentCollector:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Answer at last (an empty success), so that an export still waiting ends now."""
+        self._server.close()
+        with self._lock:
+            for connection in self._held:
+                with contextlib.suppress(OSError):
+                    connection.sendall(ANSWER)
+                connection.close()
+
+
+ANSWER = b"HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\nContent-Length: 0\r\n\r\n"
+
+
+def flushes_ended(timeout_s: float = 30.0) -> bool:
+    """Whether every export left behind at an exit (a tracer's flush thread) has ended."""
+    deadline = time.monotonic() + timeout_s
+    for thread in threading.enumerate():
+        if thread.name == FLUSH_THREAD:
+            thread.join(max(0.0, deadline - time.monotonic()))
+    return not any(t.name == FLUSH_THREAD for t in threading.enumerate())

@@ -33,6 +33,8 @@ SQS_DEDUPLICATION_WINDOW_S = 300
 SQS_FIFO_CALLS_PER_S = 300
 # The longest MessageGroupId and MessageDeduplicationId (ASCII letters, digits, punctuation).
 SQS_MAX_FIFO_ID_CHARS = 128
+# The fastest rate a message move task (StartMessageMoveTask) can be given, per second.
+SQS_MOVE_TASK_MAX_RATE = 500
 
 # A MessageGroupId (FIFO queues; fair queues, on a standard queue): 1 to 128 characters,
 # each a letter, a digit or ASCII punctuation.

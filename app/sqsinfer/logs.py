@@ -109,14 +109,14 @@ class Event(StrEnum):
     # traces
     TRACING_UNAVAILABLE = "OTEL_ variables set, but the otel extra is not installed: no traces"
     TRACES_NOT_FLUSHED = "traces not all exported before the exit"
-    SPAN_ATTRIBUTE_NOT_EXPORTED = "a span attribute of a type OTLP cannot carry, left out"
-    SPANS_NOT_ENCODED = "a batch of spans could not be encoded, dropped"
     # sqsinfer enqueue
     OUTPUT_CHECK_FAILED = "cannot check the output, sending the task"
     # sqsinfer redrive
     NO_TARGET_FOR_MESSAGE = "no target for message"
     NOT_SENT = "not sent"
     MESSAGES_NOT_RELEASED = "messages not released, visible again when their hold lapses"
+    MOVE_TASK_NOT_READ = "cannot read the message move task, reading again"
+    MOVE_TASK_NOT_CANCELLED = "message move task not cancelled"
     # sqsinfer audit
     AUDIT_LISTING_AGAIN = "listing again through the SDK"
     # sqsinfer bench

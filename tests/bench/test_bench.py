@@ -455,18 +455,21 @@ def test_ratios_and_targets_from_scenario_results():
     assert checks["worker_process_cpu_ms_per_task"]["met"] is True  # 1.0 <= 5
     assert checks["busy_share"]["met"] is None  # not measured here
     assert checks["pool_ready_s"]["met"] is True
-    assert "tracing_cpu_ms_per_task" not in checks  # its scenario did not run
+    assert "tracing_cpu_share" not in checks  # its scenario did not run
 
 
 def test_tracing_cost_is_the_traced_workers_process_cpu_beyond_the_untraced_one():
-    scenarios = {
-        "sqsinfer": {"tasks_per_s": 38.0, "cpu_s_per_task_outside_spawned": 0.0012},
-        "sqsinfer-traced": {"tasks_per_s": 37.0, "cpu_s_per_task_outside_spawned": 0.0014},
-    }
-    found = report.ratios(scenarios)
+    """What tracing costs, and its share of a task's CPU (the untraced worker's whole tree
+    per task, pool included): the target is at most 1 %."""
+    ours = {"tasks_per_s": 38.0, "cpu_s_per_task": 0.025, "cpu_s_per_task_outside_spawned": 0.0012}
+    traced = {"tasks_per_s": 37.0, "cpu_s_per_task_outside_spawned": 0.0014}
+    found = report.ratios({"sqsinfer": ours, "sqsinfer-traced": traced})
     assert found["tracing_cpu_ms_per_task"] == pytest.approx(0.2)
+    assert found["tracing_cpu_share"] == pytest.approx(0.008)  # 0.2 of 25 ms
     checks = report.targets("medium", found, None, None)
-    assert checks["tracing_cpu_ms_per_task"] == {"target": "<= 0.3", "measured": 0.2, "met": True}
+    assert checks["tracing_cpu_share"] == {"target": "<= 0.01", "measured": 0.008, "met": True}
+    found = report.ratios({"sqsinfer": ours | {"cpu_s_per_task": 0.015}, "sqsinfer-traced": traced})
+    assert report.targets("medium", found, None, None)["tracing_cpu_share"]["met"] is False
 
 
 def test_tracing_cost_adjusted_for_a_slower_window_scales_the_untraced_worker_by_the_pools():

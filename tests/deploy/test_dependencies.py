@@ -31,7 +31,7 @@ TOOLING_ONLY = {"psutil", "moto"}  # what the [local] extra brings (moto runs as
 FEATURE_EXTRAS = ("onnx", "otel", "parquet", "plot")
 FEATURE_MODULES = {"onnxruntime", "pyarrow", "matplotlib", "opentelemetry"}
 # The otel extra's side of tracing, which `tracing.from_env` imports only when it is there.
-EXTRA_ONLY_MODULES = ("sqsinfer.tracing.sdk", "sqsinfer.tracing.otlp")
+EXTRA_ONLY_MODULES = ("sqsinfer.tracing.sdk",)
 
 
 def _modules(*, tooling: bool) -> list[Path]:

@@ -185,6 +185,7 @@ def test_a_job_may_be_bounded_by_tasks(chart: helm.Chart, tmp_path: Path) -> Non
     [
         ({"keda": {"enabled": False}}, "keda.mode job needs keda.enabled"),
         ({"keda": {"scaleOnInFlight": True}}, "keda.scaleOnInFlight must be false"),
+        ({"worker": {"pod_deletion_cost": True}}, "worker.pod_deletion_cost must be off"),
         # the default grace (90 s) + task_time_s (60 s)
         ({"keda": {"job": {"activeDeadlineSeconds": 149}}}, r"\(149\) must be at least 150"),
         (

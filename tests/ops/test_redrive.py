@@ -221,3 +221,38 @@ def test_a_moved_message_keeps_its_group(stage: Stage, capsys):
     moved = stage.drain_queue(stage.queue_url)
     got = {json.loads(m["Body"])["task_id"]: m["Attributes"].get("MessageGroupId") for m in moved}
     assert got == {"g0": "acme", "g1": "globex", "g2": None}
+
+
+# -- the server-side path (SQS's message move task; run on LocalStack, which has it) -----
+@pytest.mark.parametrize(
+    ("extra", "problem"),
+    [
+        (["--reason", "input_not_found"], "--reason: the client-side path's"),
+        (["--dry-run"], "--dry-run: the client-side path's"),
+        (["--max-messages", "5"], "--max-messages: the client-side path's"),
+    ],
+)
+def test_server_side_refuses_what_only_the_client_side_does(stage: Stage, capsys, extra, problem):
+    argv = _argv(stage, "--queue-url", stage.queue_url, "--server-side", *extra)
+    assert cli.main(argv) == 2
+    assert problem in capsys.readouterr().err
+
+
+def test_server_side_needs_one_destination_and_a_rate_goes_with_it(stage: Stage, capsys):
+    assert cli.main(_argv(stage, "--dlq-url", stage.dlq_url, "--server-side")) == 2
+    assert "give --to or --queue-url" in capsys.readouterr().err
+    assert cli.main(_argv(stage, "--queue-url", stage.queue_url, "--max-per-second", "5")) == 2
+    assert "--max-per-second goes with --server-side" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # SQS's ceiling is 500 a second
+        cli.main(
+            _argv(stage, "--queue-url", stage.queue_url, "--server-side", "--max-per-second", "501")
+        )
+
+
+def test_server_side_on_a_stand_in_without_move_tasks_fails_saying_so(stage: Stage, capsys):
+    """moto has no StartMessageMoveTask: the command stops at once, naming the call, and
+    the DLQ is untouched (tests/localstack/test_redrive_server_side.py moves for real)."""
+    _fill(stage)
+    assert cli.main(_argv(stage, "--queue-url", stage.queue_url, "--server-side")) == 1
+    assert "cannot start a message move task from" in capsys.readouterr().err
+    assert stage.counts(stage.dlq_url) == (12, 0)

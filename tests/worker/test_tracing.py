@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 import urllib.request
 from collections import Counter
 from typing import Any
@@ -24,9 +25,18 @@ from sqsinfer import cli
 from sqsinfer.bench.otlp import OtlpReceiver
 from sqsinfer.lab import standin, synthetic
 from sqsinfer.lab.stage import SHORT_DRAIN, stage_settings, worker_env
+from sqsinfer.tracing.api import FLUSH_S
 from tests import handlers
 from tests.conftest import Stage, eventually, outcome_count, running
-from tests.otlp import Span, otlp, parse_traceparent, received, traceparent
+from tests.otlp import (
+    SilentCollector,
+    Span,
+    flushes_ended,
+    otlp,
+    parse_traceparent,
+    received,
+    traceparent,
+)
 
 __all__ = ["otlp"]  # the fixture
 
@@ -481,3 +491,47 @@ def test_a_traced_worker_exports_every_span_before_it_exits_on_sigterm(stage, mo
     (task,) = [s for s in spans if s.name.startswith("process ")]
     assert task.attributes["sqsinfer.outcome"] == "committed"
     assert {"GET input", "compute", "PUT output", "delete"} <= set(_children(spans, task))
+
+
+GAVE_UP = "traces not all exported before the exit"
+
+
+async def test_a_collector_that_never_answers_holds_up_no_exit_more_than_a_second(
+    stage: Stage, make_settings, tmp_path, caplog, monkeypatch: pytest.MonkeyPatch
+):
+    """The collector accepts the connection and never answers: `sqsinfer enqueue` and the
+    worker each give their last spans `FLUSH_S` (1 s) to reach it, then exit without them
+    (the exporter itself would wait 30 s)."""
+    caplog.set_level(logging.WARNING, logger="sqsinfer")
+    with SilentCollector() as collector:
+        monkeypatch.delenv("OTEL_SDK_DISABLED", raising=False)
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", collector.url)
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "30")
+        monkeypatch.setenv("OTEL_TRACES_SAMPLER", "always_on")
+        monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", MINUTE)  # all of it at the exit
+        manifest = tmp_path / "tasks.jsonl"
+        manifest.write_text(json.dumps({"task_id": "one", "input": _input(stage, "1.npy")}))
+        command = [sys.executable, "-m", "sqsinfer", "enqueue", str(manifest), "--quiet"]
+        command += ["--queue-url", stage.queue_url, "--endpoint-url", stage.endpoint]
+        command += ["--region", standin.REGION, "--output-prefix", f"s3://{stage.bucket}/out/"]
+        command += ["--allowed-input-prefixes", f"s3://{stage.bucket}/in/"]
+        done = await asyncio.to_thread(
+            subprocess.run, command, capture_output=True, text=True, timeout=120, check=False
+        )
+        enqueue_exited_at = time.time()
+        assert done.returncode == 0, done.stderr
+        async with running(make_settings(handler=SCRIPTED)) as worker:
+            await eventually(lambda: outcome_count(worker, "committed") == 1)
+        worker_exited_at = time.time()
+    assert flushes_ended()  # answered at last, the worker's export left behind ended
+    # One request of each, held and never answered: sent at the exit, the rest waited for.
+    enqueue_asked_at, worker_asked_at = collector.asked_at
+    # The command logs to the console: `<time> WARNING sqsinfer.enqueue: <msg>  timeout_s=1.0`
+    (gave_up,) = [line for line in done.stderr.splitlines() if GAVE_UP in line]
+    assert 0 < float(gave_up.rsplit("timeout_s=", 1)[1]) <= FLUSH_S <= 1.0
+    (gave_up,) = [r for r in caplog.records if r.getMessage() == GAVE_UP]
+    assert 0 < gave_up.timeout_s <= FLUSH_S  # type: ignore[attr-defined]
+    # From the request to the exit: the second of waiting, and the ending of the process
+    # (the command) or of the worker's serve (its pool stopped before).
+    assert enqueue_exited_at - enqueue_asked_at < FLUSH_S + 3.0
+    assert worker_exited_at - worker_asked_at < FLUSH_S + 3.0

@@ -45,7 +45,7 @@ from sqsinfer.limits import (
 )
 from sqsinfer.logs import Event
 from sqsinfer.messages import xml_safe
-from sqsinfer.tracing import AWS_TRACE_HEADER, TRACEPARENT, TRACESTATE, TaskTrace
+from sqsinfer.tracing.api import AWS_TRACE_HEADER, NO_TRACE, TRACEPARENT, TRACESTATE, TaskTrace
 
 log = logging.getLogger("sqsinfer.queue")
 
@@ -119,7 +119,7 @@ class Message:
     # not sent (with an old receipt it could make the new holder's message visible).
     hold_until: float = field(default=math.inf, init=False)
     # Its task's trace, once the worker started one (the batch calls of its message link to it).
-    trace: TaskTrace = field(default=tracing.NO_TRACE, init=False, repr=False)
+    trace: TaskTrace = field(default=NO_TRACE, init=False, repr=False)
 
     @classmethod
     def from_sqs(cls, raw: dict[str, Any]) -> Message:
@@ -422,6 +422,12 @@ class SqsQueue:
             QueueUrl=self.url, Entries=entries
         )
         return result
+
+    async def arn(self) -> str:
+        response = await self.client.get_queue_attributes(
+            QueueUrl=self.url, AttributeNames=["QueueArn"]
+        )
+        return str(response["Attributes"]["QueueArn"])
 
     async def redrive_target(self) -> str | None:
         """URL of the queue's dead-letter queue from its redrive policy, if it has one."""

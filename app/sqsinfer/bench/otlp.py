@@ -2,18 +2,21 @@
 
 It answers every `POST /v1/traces` with an empty success, as a collector would, and
 counts what arrived; with `keep`, it also keeps each request's protobuf body (unzipped)
-for whoever decodes it (the tests, with opentelemetry-proto). Loopback only, a thread of
-its own: its CPU is the bench process's, never the worker's.
+for whoever decodes it with opentelemetry-proto (`count_spans`, the tests). Loopback
+only, a thread of its own: its CPU is the bench process's, never the worker's.
 """
 
 from __future__ import annotations
 
 import gzip
 import http.server
+import os
 import threading
 from typing import Any
 
 TRACES_PATH = "/v1/traces"
+# Taken from the bench's environment into a traced run's (else every task is sampled).
+SAMPLER_VARIABLES = ("OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG")
 
 
 class OtlpReceiver:
@@ -43,6 +46,12 @@ class OtlpReceiver:
             "OTEL_EXPORTER_OTLP_ENDPOINT": self.url,
             "OTEL_TRACES_SAMPLER": "always_on",
         }
+
+    def traced_env(self) -> dict[str, str]:
+        """A traced run's variables: its spans here, every task sampled, unless the bench's
+        own environment names a sampler (what a ratio saves is measured so)."""
+        chosen = {k: v for k, v in os.environ.items() if k in SAMPLER_VARIABLES and v}
+        return self.exporter_env() | (chosen if "OTEL_TRACES_SAMPLER" in chosen else {})
 
     def __enter__(self) -> OtlpReceiver:
         self._thread.start()
@@ -92,46 +101,11 @@ def _handler(receiver: OtlpReceiver) -> type[http.server.BaseHTTPRequestHandler]
 
 
 def count_spans(body: bytes) -> int:
-    """The spans in an ExportTraceServiceRequest, read from its wire format: the spans of
-    each resource's scopes (fields 1, 2, 2), everything else skipped."""
-    return sum(
-        sum(1 for number, _ in _fields(scoped) if number == 2)
-        for resource in _each(body, 1)
-        for scoped in _each(resource, 2)
+    """The spans in an ExportTraceServiceRequest, decoded with opentelemetry-proto (the
+    otel extra's, as the exporter's own: only a traced run has anything to count)."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
     )
 
-
-def _each(message: bytes, wanted: int) -> list[bytes]:
-    return [value for number, value in _fields(message) if number == wanted]
-
-
-def _fields(message: bytes) -> list[tuple[int, bytes]]:
-    """Each field's number and its bytes (length-delimited ones; b"" for the others)."""
-    found, at = [], 0
-    while at < len(message):
-        key, at = _varint(message, at)
-        number, wire = key >> 3, key & 7
-        if wire == 0:
-            at = _varint(message, at)[1]
-            found.append((number, b""))
-        elif wire == 2:
-            size, at = _varint(message, at)
-            found.append((number, message[at : at + size]))
-            at += size
-        elif wire in (1, 5):
-            at += 8 if wire == 1 else 4
-            found.append((number, b""))
-        else:
-            raise ValueError(f"wire type {wire} at byte {at}")
-    return found
-
-
-def _varint(message: bytes, at: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        byte = message[at]
-        at += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, at
-        shift += 7
+    request = ExportTraceServiceRequest.FromString(body)
+    return sum(len(scoped.spans) for each in request.resource_spans for scoped in each.scope_spans)

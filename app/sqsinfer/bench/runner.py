@@ -27,7 +27,7 @@ import psutil
 
 from sqsinfer import config
 from sqsinfer.bench import emulator, probe, profile
-from sqsinfer.bench.otlp import OtlpReceiver
+from sqsinfer.bench.otlp import SAMPLER_VARIABLES, OtlpReceiver
 from sqsinfer.bench.workload import Regime
 from sqsinfer.lab import feeder as feeding
 from sqsinfer.lab import stage, standin
@@ -115,8 +115,6 @@ WORKER_ENV = {"sqsinfer-alone": {"SQSINFER_COALESCE": "false"}}
 # The worker's traces: off in `sqsinfer` whatever the bench's environment says (so it
 # measures the untraced worker), all of them exported in `sqsinfer-traced`.
 UNTRACED = {"OTEL_SDK_DISABLED": "true"}
-# Taken from the bench's environment into `sqsinfer-traced`'s (else every task is sampled).
-_SAMPLER_VARIABLES = ("OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG")
 
 
 @dataclass
@@ -564,15 +562,6 @@ def _receiver(name: str) -> contextlib.AbstractContextManager[OtlpReceiver | Non
     return OtlpReceiver()
 
 
-def _trace_env(receiver: OtlpReceiver) -> dict[str, str]:
-    """The traced worker's variables: its spans to `receiver`, every task sampled, unless
-    the bench's own environment names a sampler (what a ratio saves is measured so)."""
-    chosen = {k: v for k, v in os.environ.items() if k in _SAMPLER_VARIABLES and v}
-    if "OTEL_TRACES_SAMPLER" not in chosen:
-        chosen = {}
-    return receiver.exporter_env() | chosen
-
-
 @dataclass
 class Started:
     """A scenario's process tree launched on its own queue and bucket."""
@@ -600,7 +589,7 @@ def _start(
             ctx.rate_per_s,
         )
     receiver = stack.enter_context(_receiver(name))
-    traces = _trace_env(receiver) if receiver is not None else None
+    traces = receiver.traced_env() if receiver is not None else None
     launched = launch(ctx, name, res, traces)
     stack.callback(stop, launched)
     return Started(scenario, Tracker(launched, feeder), feeder, receiver, traces)
@@ -622,7 +611,7 @@ def _finish(ctx: Context, started: Started, result: dict[str, Any]) -> dict[str,
         result["traces_exported"] = {
             "requests": receiver.requests,
             "bytes": receiver.received_bytes,
-            "sampler": " ".join(traces.get(k, "") for k in _SAMPLER_VARIABLES).strip(),
+            "sampler": " ".join(traces.get(k, "") for k in SAMPLER_VARIABLES).strip(),
         }
     result["label"] = scenario.label
     result["in_flight"] = ctx.in_flight(scenario.name) if scenario.uses_queue else ctx.processes

@@ -8,7 +8,8 @@ messages, each task's phases, compute and delete, a batched delete), then export
 everything and stops; its CPU (the calls, and the span processor's thread that encodes
 and sends) per task is the cost, the calls' own thread's part given apart. Run once
 traced, every span exported to the bench's receiver, and once with OTEL_SDK_DISABLED=true:
-the switched-off hooks.
+the switched-off hooks. A sampler named in the bench's environment applies to the traced
+run, as to the `sqsinfer-traced` scenario (every task sampled otherwise).
 """
 
 from __future__ import annotations
@@ -22,22 +23,15 @@ from typing import Any
 
 from sqsinfer import tracing
 from sqsinfer.aws.sqs import Message
-from sqsinfer.bench.otlp import OtlpReceiver, count_spans
+from sqsinfer.bench.otlp import SAMPLER_VARIABLES, OtlpReceiver, count_spans
 from sqsinfer.metrics import Phase
 from sqsinfer.outcomes import Outcome
+from sqsinfer.worker.pipeline import STEP_SPANS, compute_events, end_trace
 
 BATCH = 5  # messages per receive and per delete call (the medium worker's, about)
 _QUEUE = "https://sqs.us-east-1.amazonaws.com/000000000000/bench"
-# A medium task's phases, in seconds (their values do not change the cost).
-_PHASES = (
-    (Phase.S3_GET, 0.02),
-    (Phase.WAIT_PROCESS, 0.05),
-    (Phase.DECODE, 0.0007),
-    (Phase.INFER, 0.022),
-    (Phase.ENCODE, 0.0004),
-    (Phase.HANDOFF, 0.003),
-    (Phase.COMMIT, 0.015),
-)
+# A medium task's steps that are spans, in seconds (their values do not change the cost).
+_STEPS = ((Phase.S3_GET, 0.02), (Phase.WAIT_PROCESS, 0.05), (Phase.COMMIT, 0.015))
 _CHILD = {"decode_s": 0.0007, "infer_s": 0.022, "encode_s": 0.0004, "rows": 10_000}
 
 
@@ -51,14 +45,13 @@ def replay(tasks: int) -> dict[str, Any]:
         for message in messages:
             trace = message.trace
             tracing.enter(trace)
-            for phase, seconds in _PHASES:
-                trace.phase(phase.value, seconds)
-            trace.compute(0.026, _CHILD)
-            with trace.step("delete"):
-                pass
+            for phase, seconds in _STEPS:
+                trace.step(STEP_SPANS[phase], seconds)
+            events = compute_events(0.026, _CHILD)
+            trace.step("compute", 0.026, attributes={"sqsinfer.rows": 10_000}, events=events)
+            trace.step("delete", 0.01)
             trace.exemplar()
-            trace.finish(Outcome.COMMITTED, "", 0.2, None)
-            trace.end()
+            end_trace(trace, Outcome.COMMITTED, "", 0.2, None)
         with tracing.batch("DeleteMessageBatch", _QUEUE, [m.trace for m in messages]):
             pass
     calls_s = time.thread_time() - calls_started
@@ -78,7 +71,8 @@ def measure(tasks: int) -> dict[str, Any]:
     # 2,048 items, which the replay fills in a moment) and what is dropped costs nothing.
     queue = {"OTEL_BSP_MAX_QUEUE_SIZE": str(tasks * 8)}
     with OtlpReceiver(keep=True) as receiver:
-        traced = _run(tasks, receiver.exporter_env() | queue)
+        variables = receiver.traced_env()
+        traced = _run(tasks, variables | queue)
         spans_bytes = receiver.received_bytes
         spans = sum(count_spans(body) for body in receiver.kept())
     off = _run(tasks, {"OTEL_SDK_DISABLED": "true"})
@@ -93,6 +87,7 @@ def measure(tasks: int) -> dict[str, Any]:
         "exported_bytes_per_task": round(spans_bytes / tasks),
         "exported_spans_per_task": round(spans / tasks, 2),
         "flushed": traced["flushed"],
+        "sampler": " ".join(variables.get(k, "") for k in SAMPLER_VARIABLES).strip(),
     }
 
 

@@ -56,12 +56,12 @@ from sqsinfer.ops.manifest import (
     read_manifest,
     run_on_manifest,
 )
+from sqsinfer.tracing.api import FLUSH_S, OFF, Tracer
 
 log = logging.getLogger("sqsinfer.enqueue")
 
 _READ_CHUNK = 500  # manifest items parsed per hop to the reader thread
 _RETRY_MAX_S = 5.0
-_TRACES_FLUSH_S = 5.0  # the longest the last spans may take to reach the collector at exit
 _THROTTLING = frozenset({"ThrottlingException", "RequestThrottled", "Throttling"})
 
 EPILOG = """\
@@ -195,7 +195,7 @@ class Enqueuer:
         s3: Any,
         options: EnqueueOptions,
         progress: Progress | None = None,
-        tracer: tracing.Tracer = tracing.OFF,
+        tracer: Tracer = OFF,
     ) -> None:
         self.sqs = sqs
         self.storage = Storage(s3)
@@ -554,19 +554,19 @@ async def _main(
     pattern: KeyPattern | None,
     fh: IO[bytes] | None,
 ) -> int:
-    tracer = tracing.OFF
+    tracer: Tracer = OFF
     if not args.dry_run:  # OTEL_* variables decide, as for the worker
         tracer = tracing.from_env(service_instance=socket.gethostname(), component="enqueue")
     try:
         return await _enqueue(args, tracer, validator, pattern, fh)
     finally:
-        if tracer.enabled and not await asyncio.to_thread(tracer.shutdown, _TRACES_FLUSH_S):
-            log.warning(Event.TRACES_NOT_FLUSHED, extra={"timeout_s": _TRACES_FLUSH_S})
+        if tracer.enabled and not await asyncio.to_thread(tracer.shutdown, FLUSH_S):
+            log.warning(Event.TRACES_NOT_FLUSHED, extra={"timeout_s": FLUSH_S})
 
 
 async def _enqueue(
     args: argparse.Namespace,
-    tracer: tracing.Tracer,
+    tracer: Tracer,
     validator: Validator,
     pattern: KeyPattern | None,
     fh: IO[bytes] | None,

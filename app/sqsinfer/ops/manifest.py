@@ -30,7 +30,7 @@ from sqsinfer.messages import (
     task_from_document,
 )
 from sqsinfer.ops import common
-from sqsinfer.tracing import NO_TRACE, TaskTrace
+from sqsinfer.tracing.api import NO_TRACE, TaskTrace
 
 MANIFEST_FORMATS = ("jsonl", "csv")
 _CSV_COLUMNS = ("task_id", "input", "output")

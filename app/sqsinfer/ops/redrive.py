@@ -1,5 +1,9 @@
 """`sqsinfer redrive`: move messages from a dead-letter queue back to their source queue.
 
+Two paths. This module's is the client's: it receives each message and moves it itself,
+so it can filter by reason and route each to the queue it was rejected from. To move
+everything to one queue, `--server-side` hands the work to SQS (`ops.move_task`).
+
     receive (hold) ─▶ reason filter ─no─▶ held, released at the end (visibility 0)
                       ─yes─▶ SendMessageBatch to the target ─ok─▶ DeleteMessageBatch
                                                             ─failed─▶ held, released
@@ -37,9 +41,10 @@ from sqsinfer.aws.sqs import (
     SqsQueue,
     send_entry,
 )
-from sqsinfer.limits import SQS_BATCH_MAX
+from sqsinfer.limits import SQS_BATCH_MAX, SQS_MOVE_TASK_MAX_RATE
 from sqsinfer.logs import Event
 from sqsinfer.ops import common
+from sqsinfer.ops.move_task import MoveReport, MoveTaskError, ServerMove
 
 log = logging.getLogger("sqsinfer.redrive")
 
@@ -56,11 +61,19 @@ policy moved (too many receives) have no reason attribute: filter them as
 --reason {NO_REASON}. Attributes are kept, except the {_OWN_PREFIX}* ones, so a
 message rejected again gets fresh ones.
 
+--server-side moves every message with SQS's own message move task instead: nothing
+is received here, and every message goes to --to, else --queue-url, unchanged (no
+reason filter, no routing by source queue; Ctrl-C cancels the task).
+
 examples:
   sqsinfer redrive --queue-url $STAGE1 --dry-run             # what would move, by reason
   sqsinfer redrive --queue-url $STAGE1 --reason input_not_found
   sqsinfer redrive --dlq-url $DLQ --to $STAGE1 --max-messages 100
+  sqsinfer redrive --queue-url $STAGE1 --server-side --max-per-second 100   # everything
 """
+
+# What the server-side path cannot do (it moves everything, and holds nothing).
+_CLIENT_SIDE_ONLY = {"reason": "--reason", "dry_run": "--dry-run", "max_messages": "--max-messages"}
 
 
 class RedriveError(Exception):
@@ -338,6 +351,19 @@ def add_parser(sub: Any) -> None:
         help="how long received messages stay hidden if this run dies (300)",
     )
     p.add_argument("--wait-time-s", type=int, default=2, help="long-poll wait per receive (2)")
+    p.add_argument(
+        "--server-side",
+        action="store_true",
+        help="move every message with SQS's message move task (StartMessageMoveTask), to "
+        "--to, else --queue-url; nothing received here",
+    )
+    p.add_argument(
+        "--max-per-second",
+        type=_move_rate,
+        default=None,
+        help=f"with --server-side: the task's rate, 1-{SQS_MOVE_TASK_MAX_RATE} messages a "
+        "second (default: SQS picks it from the backlog)",
+    )
     p.add_argument("--json", action="store_true", help="the report as JSON on stdout")
     common.add_log_level(p)
     p.set_defaults(func=cmd_redrive)
@@ -347,7 +373,29 @@ def add_parser(sub: Any) -> None:
 def cmd_redrive(args: argparse.Namespace) -> int:
     if not (args.queue_url or args.dlq_url):
         return common.usage_error("redrive", "give --queue-url or --dlq-url")
+    problem = _server_side_problem(args)
+    if problem:
+        return common.usage_error("redrive", problem)
     return common.run_command(lambda: _main(args), "redrive", args.log_level)
+
+
+def _move_rate(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= SQS_MOVE_TASK_MAX_RATE:
+        raise argparse.ArgumentTypeError(f"must be 1-{SQS_MOVE_TASK_MAX_RATE}, got {value}")
+    return value
+
+
+def _server_side_problem(args: argparse.Namespace) -> str:
+    """What is wrong with the server-side flags together with the rest ("": nothing)."""
+    if not args.server_side:
+        return "--max-per-second goes with --server-side" if args.max_per_second else ""
+    given = [flag for name, flag in _CLIENT_SIDE_ONLY.items() if getattr(args, name)]
+    if given:
+        return f"{', '.join(given)}: the client-side path's; --server-side moves everything"
+    if not (args.to or args.queue_url):
+        return "--server-side moves every message to one queue: give --to or --queue-url"
+    return ""
 
 
 async def _dlq_url(sqs: Any, args: argparse.Namespace) -> str:
@@ -366,6 +414,8 @@ async def _main(args: argparse.Namespace) -> int:
     from sqsinfer.aws.session import open_clients
 
     async with open_clients(args.region, args.endpoint_url) as clients:
+        if args.server_side:
+            return await _server_side(clients.sqs, args)
         redriver: Redriver | None = None
         try:
             options = RedriveOptions(
@@ -394,11 +444,36 @@ async def _main(args: argparse.Namespace) -> int:
     return report.exit_code()
 
 
-def _print(report: RedriveReport, args: argparse.Namespace) -> None:
+async def _server_side(sqs: Any, args: argparse.Namespace) -> int:
+    mover: ServerMove | None = None
+    try:
+        dlq_url = await _dlq_url(sqs, args)
+        mover = ServerMove(sqs, dlq_url, args.to or args.queue_url, args.max_per_second)
+        with _cancel_on_sigterm():
+            report = await mover.run()
+    except (RedriveError, MoveTaskError) as exc:
+        print(f"sqsinfer redrive: {exc}", file=sys.stderr)
+        if mover is not None and mover.report.task_handle:
+            _print(mover.report, args)
+        return common.EXIT_FAILED
+    except asyncio.CancelledError:
+        if mover is not None:
+            _print(mover.report, args)
+        raise
+    _print(report, args)
+    return report.exit_code()
+
+
+def _print(report: RedriveReport | MoveReport, args: argparse.Namespace) -> None:
     if args.json:
         import orjson
 
         print(orjson.dumps(report.as_dict()).decode())
+        return
+    if isinstance(report, MoveReport):
+        if sys.stderr.isatty():
+            print(file=sys.stderr)  # below the progress line
+        print(report.summary_line())
         return
     from rich.console import Console
 

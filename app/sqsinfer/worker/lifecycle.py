@@ -52,6 +52,7 @@ from sqsinfer.logs import Event
 from sqsinfer.metrics import Metrics, Phase
 from sqsinfer.outcomes import Outcome
 from sqsinfer.runtime import STOP_SIGNALS, EarlySignals
+from sqsinfer.tracing.api import FLUSH_S, Tracer
 from sqsinfer.worker import assemble, pod_cost
 from sqsinfer.worker.health import HealthServer
 from sqsinfer.worker.inflight import InFlightLimit
@@ -68,9 +69,6 @@ _IDLE_TICK_S = 1.0
 # Everything held (slots, plus messages whose link or delete is under way) stays within
 # this many times the limit: a stalled delete path stops receiving, not grows memory.
 HELD_CAP_FACTOR = 2
-# The longest the last spans may take to reach the collector at exit (less when the
-# shutdown budget has less left).
-TRACES_FLUSH_S = 5.0
 
 
 def receive_wait_s(wait_time_s: int, exit_when_idle_s: float, idle_s: float, holding: bool) -> int:
@@ -518,7 +516,7 @@ class Worker:
         """Export the last spans (every task's is ended by now), within the shutdown budget."""
         if not self.tracer.enabled:
             return
-        timeout_s = TRACES_FLUSH_S
+        timeout_s = FLUSH_S  # less when the shutdown budget has less left
         if self._shutdown_at is not None:
             spent_s = time.monotonic() - self._shutdown_at
             timeout_s = min(timeout_s, self.settings.shutdown_budget_s - spent_s)
@@ -582,7 +580,7 @@ class Worker:
         return self.metrics.render(openmetrics_format)
 
 
-def worker_tracer(settings: config.Settings) -> tracing.Tracer:
+def worker_tracer(settings: config.Settings) -> Tracer:
     """The worker's tracer: OpenTelemetry's variables (OTEL_*) decide; `tracing.OFF`
     without the otel extra. A bad variable raises an ExternalConfigError naming it."""
     return tracing.from_env(service_instance=settings.worker_id, component="worker")

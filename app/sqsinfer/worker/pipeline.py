@@ -57,6 +57,7 @@ from sqsinfer.messages import MessageRules, S3Uri, Task, deduplication_id, messa
 from sqsinfer.metrics import Metrics, Phase
 from sqsinfer.outcomes import Outcome
 from sqsinfer.shm import SharedInput
+from sqsinfer.tracing.api import NO_TRACE, StepEvent, TaskTrace
 from sqsinfer.worker.chain import DedupLinker, Delivery, Linker, LinkNotSent, Written, WrittenAt
 from sqsinfer.worker.pool import InferencePool
 
@@ -139,7 +140,7 @@ class Held:
     # A message of several records: how each has ended so far (None: one task).
     records: Records | None = None
     # The span of the record running now, and when it started (a message of several).
-    record_trace: tracing.TaskTrace | None = field(default=None, repr=False)
+    record_trace: TaskTrace | None = field(default=None, repr=False)
     record_started: float = 0.0
     # On a FIFO queue: the message before it in its group, of the same receive (the
     # worker's), and set once this one is settled, for the one after it.
@@ -161,8 +162,8 @@ class Held:
                 self.on_release(self)
 
     @property
-    def trace(self) -> tracing.TaskTrace:
-        """Its task's trace (`tracing.NO_TRACE` while tracing is off): the message's, or
+    def trace(self) -> TaskTrace:
+        """Its task's trace (`NO_TRACE` while tracing is off): the message's, or
         the running record's span within it."""
         return self.message.trace if self.record_trace is None else self.record_trace
 
@@ -207,7 +208,7 @@ class RecordEnd:
     reason: str = ""
     detail: str = ""
     timings: dict[str, float] = field(default_factory=dict)
-    trace: tracing.TaskTrace = tracing.NO_TRACE  # its span (NO_TRACE: it never ran)
+    trace: TaskTrace = NO_TRACE  # its span (NO_TRACE: it never ran)
     seconds: float = 0.0  # from its start to its end
     # Its work is not done: the message goes back for it. Not read from `outcome`, which
     # says `committed` for a record whose write stood even when its link then failed.
@@ -239,8 +240,8 @@ class Records:
         detail = f"record {n} of {count}: {self.detail}" if self.detail else ""
         task_id = held.task.task_id if held.task else None
         final = held.final(outcome)
-        trace, held.record_trace = held.record_trace or tracing.NO_TRACE, None
-        seconds = time.monotonic() - held.record_started if trace is not tracing.NO_TRACE else 0.0
+        trace, held.record_trace = held.record_trace or NO_TRACE, None
+        seconds = time.monotonic() - held.record_started if trace is not NO_TRACE else 0.0
         again = outcome == Outcome.RETRIED
         self.ended.append(
             RecordEnd(
@@ -270,22 +271,89 @@ class Records:
         ]
 
 
-class Timer:
-    """Measures one phase into the held task's timings and the phase histogram."""
+# -- a task's trace: where its spans open and close ---------------------------------
+# A task's span opens at its receive (the worker's tracer) and a record's at the record's
+# start; each step's span is its `Timer`'s; a task's (or a record's) ends at its outcome
+# (`end_trace`), else when its handling ends (`Pipeline.handle`).
+# The steps that are spans of their task, by phase (the child's decode, predict and encode
+# are events of `compute`, where they ran: `compute_events`).
+STEP_SPANS = {
+    Phase.S3_GET: "GET input",
+    Phase.WAIT_PROCESS: "wait for a process",
+    Phase.COMMIT: "PUT output",
+    Phase.CHAIN: "chain link",
+}
+_CHILD_STEPS = (("decode_s", "decode"), ("infer_s", "predict"), ("encode_s", "encode"))
+_FAILED = frozenset({Outcome.REJECTED, Outcome.RETRIED})  # a span with an error status
 
-    def __init__(self, held: Held, metrics: Metrics, phase: Phase) -> None:
+
+class Timer:
+    """Measures one step of the held task, once: into its timings and the phase histogram
+    (a `Phase`), and as its span in the task's trace (a `STEP_SPANS` phase, or `span`).
+    Where the pipeline opens and closes the spans of a task's steps."""
+
+    def __init__(self, held: Held, metrics: Metrics, phase: Phase | None, span: str = "") -> None:
         self.held, self.metrics, self.phase = held, metrics, phase
+        self.span = span or (STEP_SPANS.get(phase, "") if phase is not None else "")
 
     def __enter__(self) -> None:
         self.started = time.perf_counter()
 
-    def __exit__(self, *exc: object) -> None:
-        self.record(time.perf_counter() - self.started)
+    def __exit__(self, error: type[BaseException] | None, *_: object) -> None:
+        # A cancel too: the step did not finish.
+        self.record(time.perf_counter() - self.started, error=error.__name__ if error else "")
 
-    def record(self, seconds: float) -> None:
-        self.held.timings[self.phase.value] = round(seconds, 6)
-        self.metrics.observe(self.phase, seconds)
-        self.held.trace.phase(self.phase.value, seconds)
+    def record(
+        self,
+        seconds: float,
+        *,
+        attributes: dict[str, Any] | None = None,
+        events: tuple[StepEvent, ...] = (),
+        error: str = "",
+    ) -> None:
+        if self.phase is not None:
+            self.held.timings[self.phase.value] = round(seconds, 6)
+            self.metrics.observe(self.phase, seconds)
+        if self.span:
+            self.held.trace.step(
+                self.span, seconds, attributes=attributes, events=events, error=error
+            )
+
+
+def compute_events(total_s: float, child: dict[str, Any]) -> tuple[StepEvent, ...]:
+    """The child's steps as events of `compute` (the task's time in a process, hand-over
+    there and back included), where they ran.
+    The child measures each step's length, not its clock: the steps are laid end to end,
+    the time of the hand-over (there and back) split either side of them."""
+    spent_s = sum(float(child[key]) for key, _ in _CHILD_STEPS)
+    at_s = max(0.0, total_s - spent_s) / 2
+    found = []
+    for key, name in _CHILD_STEPS:
+        found.append((name, at_s, {"sqsinfer.duration_s": float(child[key])}))
+        at_s += float(child[key])
+    return tuple(found)
+
+
+def end_trace(
+    trace: TaskTrace, outcome: Outcome, reason: str, seconds: float, task: Task | None
+) -> None:
+    """End a task's span (or a record's) at its outcome, `seconds` after it started."""
+    if trace.recording:
+        facts = {"sqsinfer.outcome": str(outcome)} | ({"sqsinfer.reason": reason} if reason else {})
+        if task is not None:
+            facts |= {"sqsinfer.task_id": task.task_id, "sqsinfer.input": str(task.input)}
+            facts["sqsinfer.output"] = str(task.output)
+        trace.note(facts)
+    trace.end(seconds, (reason or str(outcome)) if outcome in _FAILED else "")
+
+
+def end_records_trace(trace: TaskTrace, outcomes: list[Outcome], seconds: float) -> None:
+    """End the span of a message of several records at the outcomes they ended in."""
+    if trace.recording:
+        listed = [str(outcome) for outcome in outcomes]
+        trace.note({"sqsinfer.records": len(listed), "sqsinfer.outcomes": listed})
+    failed = sum(outcome in _FAILED for outcome in outcomes)
+    trace.end(seconds, f"{failed} of {len(outcomes)} records" if failed else "")
 
 
 class OutputVanished(Exception):
@@ -466,7 +534,7 @@ class Pipeline:
         held.step = Step.CHECKING
         existing = None
         if look_first:
-            with held.trace.step("HEAD output"):
+            with Timer(held, self.metrics, None, "HEAD output"):
                 existing = await self.storage.head(task.output)
         if existing is not None:
             held.release_slot()
@@ -562,7 +630,10 @@ class Pipeline:
         # share of the call's round trip beyond what the process spent: the tasks' phases
         # (and compute spans) add up to the process's time. Alone, the round trip.
         spent = result["decode_s"] + result["infer_s"] + result["encode_s"]
-        held.trace.compute(result["handoff_s"] + spent, result)
+        total = result["handoff_s"] + spent
+        rows = {"sqsinfer.rows": int(result["rows"])}
+        events = compute_events(total, result)
+        Timer(held, self.metrics, None, "compute").record(total, attributes=rows, events=events)
         for phase in (Phase.DECODE, Phase.INFER, Phase.ENCODE, Phase.HANDOFF):
             Timer(held, self.metrics, phase).record(result[f"{phase}_s"])
         self.metrics.process_busy.inc(spent)
@@ -623,7 +694,7 @@ class Pipeline:
         held.step = Step.SETTLED
         held.release_slot()  # the delete holds no slot
         try:
-            with held.trace.step("delete"):
+            with Timer(held, self.metrics, None, "delete"):
                 deleted = await asyncio.shield(self.queue.delete(held.message))
         except Exception as exc:  # the outcome stands: the write (or the copy) decided it
             log.warning(Event.DELETE_FAILED, extra=self._ids(held) | {"error": str(exc)})
@@ -841,8 +912,7 @@ class Pipeline:
         for n, end in enumerate(run.ended, start=1):
             self.metrics.outcome(end.outcome, elapsed, exemplar)
             task = end.record.item if isinstance(end.record.item, Task) else None
-            end.trace.finish(end.outcome, end.reason, end.seconds, task)
-            end.trace.end()
+            end_trace(end.trace, end.outcome, end.reason, end.seconds, task)
             fields = self._ids(held) | {"task_id": end.task_id, "record": n}
             fields |= {"records": len(run.ended), "outcome": end.outcome}
             fields["seconds"] = round(elapsed, 6)
@@ -850,7 +920,7 @@ class Pipeline:
                 fields["reason"] = end.reason
             fields["phases"] = end.timings
             log.info(Event.TASK_FINISHED, extra=fields)
-        held.message.trace.finish_records([end.outcome for end in run.ended], elapsed)
+        end_records_trace(held.message.trace, [end.outcome for end in run.ended], elapsed)
 
     def _count_events(self, held: Held, body: events.Body) -> None:
         if body.shape in events.EVENT_SHAPES:
@@ -899,7 +969,7 @@ class Pipeline:
     def _record(self, held: Held, outcome: Outcome) -> None:
         elapsed = time.monotonic() - held.message.received_at
         self.metrics.outcome(outcome, elapsed, held.trace.exemplar())
-        held.trace.finish(outcome, held.reason, elapsed, held.task)
+        end_trace(held.trace, outcome, held.reason, elapsed, held.task)
         fields = self._ids(held) | {"outcome": outcome, "seconds": round(elapsed, 6)}
         if held.reason:
             fields["reason"] = held.reason

@@ -426,6 +426,9 @@ still renders for a look.)
 {{- if .Values.keda.scaleOnInFlight }}
 {{- fail "keda.scaleOnInFlight must be false with keda.mode job: the messages running Jobs hold would count as work for new Jobs, and KEDA would start Jobs at every poll while any message is held" }}
 {{- end }}
+{{- if .Values.worker.pod_deletion_cost }}
+{{- fail "worker.pod_deletion_cost must be off with keda.mode job: a Job's pod belongs to no ReplicaSet, so the annotation protects nothing (a Job is never scaled in), and the grant would be for nothing" }}
+{{- end }}
 {{- with .Values.keda.job.activeDeadlineSeconds }}
 {{- $least := add (include "sqsinfer.grace" $ | int64) (ceil (include "sqsinfer.taskTime" $ | float64) | int64) }}
 {{- if lt (int64 .) $least }}
