@@ -446,7 +446,7 @@ async def test_a_fleet_of_workers_makes_the_calls_the_plan_counts(
     assert made[Api.HEAD] == again
     assert made[Api.HEAD_MARKER] <= again
     seconds_per_task = commits.seconds_per_task()
-    assert TASK_S < seconds_per_task < 2 * TASK_S
+    assert 0.95 * TASK_S < seconds_per_task < 2 * TASK_S  # (commits seen every 20 ms)
     planned = make_plan(_fleet_plan(seconds_per_task)).totals()
     for api in (Api.RECEIVE, Api.DELETE, Api.EXTEND, Api.SEND_NEXT, Api.GET, Api.PUT):
         assert made[api] == pytest.approx(planned[api.value], rel=0.05), (api, made, planned)
