@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 PARALLEL ?= -n 4 --dist loadfile
 DEMO_ARGS ?=
 
-.PHONY: demo chaos test test-fast test-floors test-localstack test-upgrade test-image image image-base wheelhouse lint types docs docs-settings chart-readme release pytest bench clean
+.PHONY: demo chaos fleet-sim test test-fast test-floors test-localstack test-upgrade test-image image image-base wheelhouse lint types docs docs-settings chart-readme release pytest bench clean
 
 # One venv in two layers. `make demo` installs the runtime and the lean local stand-in
 # (.[local], about 410 MB); `make test` adds the dev tools (.[dev]) on top. One venv, so
@@ -34,6 +34,12 @@ demo: $(BIN)/.installed-local
 CHAOS_ARGS ?= --tasks 2000
 chaos: $(BIN)/.installed-local
 	$(BIN)/python -m proving.chaos $(CHAOS_ARGS)
+
+# The fleet simulator (proving/fleetsim): a fleet of workers under KEDA, event by event,
+# beside `sqsinfer plan`'s figures for the same job, e.g.
+#   make fleet-sim ARGS="--tasks 15.8M --seconds-per-task 21 --deadline-h 72 --processes 2 --json"
+fleet-sim: $(BIN)/.installed-local
+	$(BIN)/python -m proving.fleetsim $(ARGS)
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check app proving tests examples scripts

@@ -5,6 +5,7 @@ package and never installed with it.
     python -m proving.soak       a long run that watches memory, descriptors and /dev/shm
     python -m proving.faults     the fault proxy in front of an AWS endpoint
     python -m proving.localstack LocalStack in host mode, for the stricter stand-in's tests
+    python -m proving.fleetsim   a fleet under KEDA, simulated beside `sqsinfer plan`
 
 They import the package (its stand-in kit in `sqsinfer.lab` included); the package never
 imports them.

@@ -22,6 +22,12 @@ def delay_s(attempt: int, base_s: float, max_s: float, *, jitter: float = JITTER
     return min(max_s, base_s * 2.0**exponent) * random.uniform(1.0 - jitter, 1.0)
 
 
+def visibility_delay_s(receive_count: int, base_s: float, max_s: float) -> int:
+    """The visibility a retried message is handed back with, in whole seconds (SQS's
+    unit, at least 1): the schedule's delay for its receive count (1 on its first)."""
+    return max(1, int(delay_s(receive_count - 1, base_s, max_s)))
+
+
 @dataclass(frozen=True)
 class Backoff:
     """A named schedule: `base_s` doubling per attempt up to `max_s`."""

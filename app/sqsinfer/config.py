@@ -356,7 +356,7 @@ class Settings:
         if not s.allowed_output_prefixes and s.output_prefix is not None:
             s = dataclasses.replace(s, allowed_output_prefixes=(s.output_prefix,))
         if s.drain_deadline_s == 0:
-            s = dataclasses.replace(s, drain_deadline_s=s.task_time_s + _DRAIN_MARGIN_S)
+            s = dataclasses.replace(s, drain_deadline_s=drain_s(s.task_time_s, 0))
         if s.max_task_time_s == 0:
             s = dataclasses.replace(s, max_task_time_s=derived_max_task_time_s(s.task_time_s))
         if not s.model_dir:
@@ -366,6 +366,12 @@ class Settings:
         for check in _CHECKS:
             check(s, require_queue)
         return s
+
+
+def drain_s(task_time_s: float, drain_deadline_s: float) -> float:
+    """How long started tasks may finish on SIGTERM: the setting, or (0) task_time_s and
+    their commit."""
+    return drain_deadline_s or task_time_s + _DRAIN_MARGIN_S
 
 
 def derived_max_task_time_s(task_time_s: float) -> float:

@@ -28,6 +28,9 @@ SQS_FIFO_SUFFIX = ".fifo"
 # How long a FIFO queue drops a send whose MessageDeduplicationId it accepted before,
 # counted from that first send (it answers each later one as if sent).
 SQS_DEDUPLICATION_WINDOW_S = 300
+# A FIFO queue's calls per second per action (SendMessage, SendMessageBatch, ...) without
+# high throughput mode; each batch call carries up to SQS_BATCH_MAX messages.
+SQS_FIFO_CALLS_PER_S = 300
 # The longest MessageGroupId and MessageDeduplicationId (ASCII letters, digits, punctuation).
 SQS_MAX_FIFO_ID_CHARS = 128
 # The fastest rate a message move task (StartMessageMoveTask) can be given, per second.
@@ -47,6 +50,10 @@ def is_group_id(text: str) -> bool:
 # -- S3 -------------------------------------------------------------------------------------
 # An object key, in bytes of UTF-8.
 S3_MAX_KEY_BYTES = 1024
+# Requests per second per partitioned prefix before S3 answers 503 SlowDown (the User
+# Guide's performance guidelines): PUT, COPY, POST, DELETE; and GET, HEAD.
+S3_PUT_PER_S_PER_PREFIX = 3_500
+S3_GET_PER_S_PER_PREFIX = 5_500
 # Keys in one listing page (ListObjectsV2, ListObjectVersions).
 S3_LIST_PAGE_MAX = 1000
 # User-defined metadata of one object: the keys and values of its x-amz-meta-* headers.

@@ -58,3 +58,19 @@ def test_the_fault_proxy_needs_no_local_extra():
         _, err = proxy.communicate(timeout=30)
     assert proxy.returncode == 0, err
     assert "Traceback" not in err
+
+
+def test_the_fleet_simulator_needs_no_local_extra():
+    done = _run_blocked(
+        "fleetsim",
+        "--tasks",
+        "200",
+        "--seconds-per-task",
+        "5",
+        "--processes",
+        "2",
+        "--max-replicas",
+        "2",
+    )
+    assert done.returncode == 0, done.stderr
+    assert "fleet: simulated and planned" in done.stdout

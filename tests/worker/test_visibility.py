@@ -12,6 +12,7 @@ from aiohttp import web
 
 from proving.faults import FaultPlan, FaultProxy, Operation
 from sqsinfer.lab import synthetic
+from sqsinfer.worker.visibility import expected_extensions, extension_every_ticks
 from tests.conftest import Stage, eventually, outcome_count, running, sample
 from tests.worker.test_lifecycle import Poacher
 
@@ -199,3 +200,22 @@ async def test_a_hand_back_whose_hold_lapsed_while_it_waited_is_not_sent(
     finally:
         await proxy.stop()
     assert "hand-back not sent: its hold lapsed while it waited" in caplog.text
+
+
+async def test_extensions_keep_the_settings_cadence_whatever_the_ticks_timing(
+    stage: Stage, make_settings
+):
+    # Visibility three heartbeats: an extension at a tick holds the message 6 s from its
+    # call, which comes after the tick, so the next tick (4 s left) finds it not due and
+    # the one after it does: every other tick, by `extension_every_ticks`. Judged by when
+    # a late-running tick happened to run instead, it was due at every tick.
+    stage.send({"task_id": "held", "input": _input(stage, "held.npy", first_cell=8.8)})
+    settings = make_settings(
+        handler="tests.handlers:ScriptedHandler", visibility_timeout_s=6, heartbeat_s=2
+    )
+    async with running(settings) as worker:
+        await eventually(lambda: outcome_count(worker, "committed") == 1, timeout_s=40)
+    assert extension_every_ticks(6, 2) == 2
+    # Held about 9 s: extended at an age in (2, 4], then 4 s later, (6, 8]; no third.
+    assert expected_extensions(8.9, 6, 2) == 2
+    assert sample(worker.metrics, EXTENDED) == 2

@@ -65,8 +65,8 @@ _CALL_TIMEOUT = "300s"
 # waits behind one gate (`Throttle`) that backs off, then tries again: the worker slows
 # down (its slots stay taken, it receives less) rather than failing tasks. About a
 # minute of backing off in all before a task gives up (and is retried as transient).
-_THROTTLE_BACKOFF = Backoff(base_s=0.5, max_s=10.0)
-_THROTTLE_ROUNDS = 8
+THROTTLE_BACKOFF = Backoff(base_s=0.5, max_s=10.0)
+THROTTLE_ROUNDS = 8
 _THROTTLED = ("<Code>SlowDown</Code>", "503 Service Unavailable")
 
 T = TypeVar("T")
@@ -104,7 +104,7 @@ class Throttle:
     calls already under way when it closed do not count again) and starts over after a
     call goes through."""
 
-    def __init__(self, backoff: Backoff = _THROTTLE_BACKOFF) -> None:
+    def __init__(self, backoff: Backoff = THROTTLE_BACKOFF) -> None:
         self.backoff = backoff
         self._opens_at = 0.0  # monotonic
         self._in_a_row = 0
@@ -214,13 +214,13 @@ class DataPath:
     async def paced(self, operation: str, call: Callable[[], Awaitable[T]]) -> T:
         """One call (each attempt counted), behind the throttle's gate: S3's 503, once
         obstore's retries are spent, closes the gate and the call waits and goes again."""
-        for rounds in range(_THROTTLE_ROUNDS + 1):
+        for rounds in range(THROTTLE_ROUNDS + 1):
             await self.throttle.passed()
             try:
                 with self.counted(operation):
                     found = await call()
             except GenericError as exc:
-                if not throttled(exc) or rounds == _THROTTLE_ROUNDS:
+                if not throttled(exc) or rounds == THROTTLE_ROUNDS:
                     raise
                 delay_s = self.throttle.slow_down()
                 if delay_s is not None:

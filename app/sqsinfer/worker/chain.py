@@ -85,7 +85,7 @@ _CONTENT_TYPE = "application/json"
 # Sends and marker writes retried in the worker (each after the SDK's own, for S3).
 SEND_ATTEMPTS = 4
 WRITE_ATTEMPTS = 4
-_RETRY = Backoff(base_s=0.2, max_s=2.0)
+RETRY = Backoff(base_s=0.2, max_s=2.0)
 # How often a delivery waiting on another's intent looks at the marker again.
 _RECHECK = Backoff(base_s=0.1, max_s=2.0)
 # Conditional writes of the marker that may lose to others before the link is given up
@@ -301,7 +301,7 @@ class Linker:
         last: Exception | None = None
         for attempt in range(SEND_ATTEMPTS):
             if attempt:
-                await asyncio.sleep(_RETRY.delay_s(attempt - 1))
+                await asyncio.sleep(RETRY.delay_s(attempt - 1))
                 if not await self._still_ours(uri, claim):
                     # Taken over while retrying: the new owner sends and counts any doubt.
                     raise LinkNotSent("chain_taken_over", "link taken over while sending")
@@ -408,7 +408,7 @@ class Linker:
                     extra=delivery.log_fields
                     | {"state": state, "attempt": attempt + 1, "error": str(exc)},
                 )
-                await asyncio.sleep(_RETRY.delay_s(attempt))
+                await asyncio.sleep(RETRY.delay_s(attempt))
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _count(self, kind: DuplicateKind, delivery: Delivery, cause: str) -> None:
@@ -459,7 +459,7 @@ class DedupLinker:
         last: Exception | None = None
         for attempt in range(SEND_ATTEMPTS):
             if attempt:
-                await asyncio.sleep(_RETRY.delay_s(attempt - 1))
+                await asyncio.sleep(RETRY.delay_s(attempt - 1))
             # Judged before the send: a send that starts inside the margin lands inside
             # SQS's window. One outside it may add a message, if any other went out.
             outside = written.age_now_s() >= self.window_s

@@ -38,6 +38,13 @@ def most(processes: int, prefetch: int | str, max_prefetch: int) -> int:
 # A receive is worth its call once this share of the limit is free (and at least one,
 # at most a full batch): fewer calls than one per freed slot, no process left waiting.
 RECEIVE_SHARE = 0.25
+
+
+def receive_batch(limit: int) -> int:
+    """The free slots that make a receive worth its call, under an in-flight `limit`."""
+    return max(1, min(SQS_BATCH_MAX, math.ceil(limit * RECEIVE_SHARE)))
+
+
 LIMIT_ALPHA = 0.05  # the averages behind the auto limit follow about the last 20 tasks
 
 
@@ -94,7 +101,7 @@ class InFlightLimit:
     @property
     def receive_batch(self) -> int:
         """The free slots that make a receive worth its call."""
-        return max(1, min(SQS_BATCH_MAX, math.ceil(self.value * RECEIVE_SHARE)))
+        return receive_batch(self.value)
 
     def observe_receive(self, seconds: float) -> None:
         self.receive_s.add(seconds)

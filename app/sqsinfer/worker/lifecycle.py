@@ -71,6 +71,21 @@ _IDLE_TICK_S = 1.0
 HELD_CAP_FACTOR = 2
 
 
+def receive_wait_s(wait_time_s: int, exit_when_idle_s: float, idle_s: float, holding: bool) -> int:
+    """The long poll's wait: with `exit_when_idle_s` and nothing in flight, it ends when
+    the worker would have been idle long enough (a second at least: a shorter poll
+    samples only some of SQS's servers, and may miss what waits)."""
+    if not exit_when_idle_s or holding:
+        return wait_time_s
+    return min(wait_time_s, max(1, math.ceil(exit_when_idle_s - idle_s)))
+
+
+def idle_long_enough(exit_when_idle_s: float, found_empty: bool, idle_s: float) -> bool:
+    """Whether a worker holding nothing is done by `exit_when_idle_s`: its last receive
+    found the queue empty, and it received nothing and ended no task for that long."""
+    return bool(exit_when_idle_s) and found_empty and idle_s >= exit_when_idle_s
+
+
 class Worker:
     def __init__(self, settings: config.Settings) -> None:
         self.settings = settings
@@ -265,14 +280,9 @@ class Worker:
         return room if room > 0 and room >= batch else 0
 
     def _receive_wait_s(self) -> int:
-        """The long poll's wait: with `exit_when_idle_s` and nothing in flight, it ends
-        when the worker would have been idle long enough (a second at least: a shorter
-        poll samples only some of SQS's servers, and may miss what waits)."""
         s = self.settings
-        if not s.exit_when_idle_s or self.held:
-            return s.wait_time_s
-        left_s = s.exit_when_idle_s - (time.monotonic() - self._last_activity)
-        return min(s.wait_time_s, max(1, math.ceil(left_s)))
+        idle_s = time.monotonic() - self._last_activity
+        return receive_wait_s(s.wait_time_s, s.exit_when_idle_s, idle_s, bool(self.held))
 
     def _work_done(self) -> bool:
         """Whether the worker has done what it was started for, nothing being in flight:
@@ -283,7 +293,7 @@ class Worker:
         idle_s = time.monotonic() - self._last_activity
         if s.max_tasks and self.taken >= s.max_tasks:
             reason = "max_tasks"
-        elif s.exit_when_idle_s and self._found_empty and idle_s >= s.exit_when_idle_s:
+        elif idle_long_enough(s.exit_when_idle_s, self._found_empty, idle_s):
             reason = "idle"
         else:
             return False

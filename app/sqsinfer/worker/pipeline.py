@@ -72,6 +72,17 @@ _UNDER_WAY_WAIT_S = 3.0
 NOT_TASK_FAILURES = (asyncio.CancelledError, KeyboardInterrupt, SystemExit, GeneratorExit)
 
 
+def looks_first(always_head_output: bool, receive_count: int) -> bool:
+    """Whether a delivery HEADs its output before the work (`sqsinfer plan` counts by it).
+
+    A first delivery goes straight to the work: the conditional put decides a duplicate
+    there (and checks the output's owner). A redelivery looks first and spares the GET
+    and the compute of what is already done (as does one that waited for another message
+    of this worker on the same output).
+    """
+    return always_head_output or receive_count > 1
+
+
 async def _no_receive_pending() -> None:
     """The default `Pipeline.receive_ended`: no receive of its own to wait for."""
 
@@ -515,14 +526,8 @@ class Pipeline:
             return await self._run_alone(held, task, look_first=waited or self._redelivered(held))
 
     def _redelivered(self, held: Held) -> bool:
-        """Whether the output may exist already, so that a HEAD is worth its call.
-
-        A first delivery goes straight to the work: the conditional put decides a
-        duplicate there (and checks the output's owner). A redelivery, or one that
-        waited for another message of this worker on the same output, looks first and
-        spares the GET and the compute of what is already done.
-        """
-        return self.settings.always_head_output or held.message.receive_count > 1
+        """Whether the output may exist already, so that a HEAD is worth its call."""
+        return looks_first(self.settings.always_head_output, held.message.receive_count)
 
     async def _run_alone(self, held: Held, task: Task, *, look_first: bool) -> Outcome:
         """The task, with no other message of this worker on its output meanwhile."""
@@ -741,7 +746,7 @@ class Pipeline:
     def retry_delay_s(self, receive_count: int) -> int:
         """The visibility delay of a retry: doubles with each receive of the message."""
         s = self.settings
-        return max(1, int(backoff.delay_s(receive_count - 1, s.retry_base_s, s.retry_max_s)))
+        return backoff.visibility_delay_s(receive_count, s.retry_base_s, s.retry_max_s)
 
     def _last_receive(self, held: Held) -> bool:
         limit = self.max_receive_count

@@ -29,6 +29,8 @@ log = logging.getLogger("sqsinfer.worker")
 
 SOURCE = "source"
 DEAD_LETTER = "dead_letter"
+# What each sample reads: one GetQueueAttributes a queue (`sqsinfer plan` counts them).
+SAMPLED = (SOURCE, DEAD_LETTER)
 
 
 class QueueDepth:

@@ -6,6 +6,15 @@ never handed to another consumer. Settings keep the heartbeat at most a third of
 visibility timeout, so a message is due with at least one heartbeat left before it
 lapses: that margin is what its extension has to land in.
 
+Ticks keep to a fixed schedule (`heartbeat_s` apart from the keeper's start, never
+drifting with the event loop), and each judges what is due by its scheduled time. So the
+cadence is a property of the settings, not of timing noise: an extension made at a tick
+holds the message `visibility_timeout_s` from a moment at or after that tick, and it is
+due again `extension_every_ticks` ticks later, always. (Judged by the moment a tick
+happened to run, a visibility of exactly three heartbeats flipped between an extension
+every heartbeat and one every other heartbeat on microseconds of jitter.) `sqsinfer
+plan` counts the calls with the same rules (`expected_extensions`).
+
 A slow call must not cost other messages their hold, so:
 - ticks start on schedule, never waiting for an earlier tick's calls;
 - a tick's due messages go out in batches of ten, all at once, earliest lapse first;
@@ -23,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable
 
@@ -39,6 +49,44 @@ log = logging.getLogger("sqsinfer.visibility")
 _MIN_CALL_S = 1.0
 # Between tries of entries that failed fast (throttling, a 5xx), within one tick.
 _RETRY_BACKOFF = Backoff(base_s=0.1, max_s=1.0)
+# Float slack when the first extension's age is a whole number of heartbeats.
+_EPSILON = 1e-9
+
+
+def due(hold_until: float, tick_at: float, heartbeat_s: float) -> bool:
+    """Whether a message held until `hold_until` is extended by the tick scheduled at
+    `tick_at`: its visibility would lapse before the tick after next."""
+    return hold_until < tick_at + 2 * heartbeat_s
+
+
+def extension_every_ticks(visibility_timeout_s: float, heartbeat_s: float) -> int:
+    """Ticks from one extension of a message to its next. An extension at a tick holds
+    the message from a moment at or after that tick (SQS counts from its call), so by
+    `due` it is due again at the first tick more than `visibility − 2 × heartbeat` later:
+    every other tick with the defaults (60 s, 20 s), not every tick."""
+    first_s = visibility_timeout_s - 2 * heartbeat_s
+    return math.floor(first_s / heartbeat_s + _EPSILON) + 1
+
+
+def expected_extensions(hold_s: float, visibility_timeout_s: float, heartbeat_s: float) -> float:
+    """Extensions of a message held `hold_s` from its receive to its settle, on average
+    over where the keeper's ticks fall in its hold.
+
+    The first is made by the first tick after the message has been held `visibility −
+    2 × heartbeat` (so at an age spread evenly over the heartbeat after that), the next
+    every `extension_every_ticks` ticks, each made only while the message is still held:
+    the mean, over that first age a, of the count of a + k × every below `hold_s`.
+    """
+    first_s = visibility_timeout_s - 2 * heartbeat_s
+    every_s = heartbeat_s * extension_every_ticks(visibility_timeout_s, heartbeat_s)
+
+    def area(x: float) -> float:  # ∫_0^x ceil(u / every) du: extensions summed over ages
+        if x <= 0:
+            return 0.0
+        n = math.floor(x / every_s)
+        return every_s * n * (n + 1) / 2 + (n + 1) * (x - n * every_s)
+
+    return (area(hold_s - first_s) - area(hold_s - first_s - heartbeat_s)) / heartbeat_s
 
 
 class VisibilityKeeper:
@@ -71,10 +119,13 @@ class VisibilityKeeper:
         self._kept.discard(message)
 
     async def run(self) -> None:
+        next_at = time.monotonic()
         try:
             while True:
-                await asyncio.sleep(self.heartbeat_s)
-                tick = asyncio.get_running_loop().create_task(self.tick())
+                # On schedule: a late tick does not push the ones after it (see above).
+                next_at += self.heartbeat_s
+                await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+                tick = asyncio.get_running_loop().create_task(self.tick(next_at))
                 self._ticks.add(tick)
                 tick.add_done_callback(self._tick_done)
         finally:
@@ -88,23 +139,25 @@ class VisibilityKeeper:
             # The next tick tries again; a lapse only means a redelivery.
             log.error(Event.VISIBILITY_TICK_FAILED, exc_info=tick.exception())
 
-    async def tick(self) -> None:
+    async def tick(self, scheduled_at: float | None = None) -> None:
+        """Extend what is due at the tick scheduled at `scheduled_at` (default: now)."""
         now = time.monotonic()
+        at = now if scheduled_at is None else min(scheduled_at, now)
         for message in [m for m in self._kept if m.settled]:
             self.discard(message)
         for message in [m for m in self._kept if now - m.received_at >= self.max_task_time_s]:
             self.discard(message)
             log.warning(Event.TASK_OVER_MAX_TIME, extra={"message_id": message.message_id})
             self.on_expired(message)
-        due = sorted(
+        ready = sorted(
             (
                 m
                 for m in self._kept
-                if m.hold_until < now + 2 * self.heartbeat_s and m not in self._extending
+                if due(m.hold_until, at, self.heartbeat_s) and m not in self._extending
             ),
             key=lambda m: m.hold_until,
         )
-        batches = [due[i : i + SQS_BATCH_MAX] for i in range(0, len(due), SQS_BATCH_MAX)]
+        batches = [ready[i : i + SQS_BATCH_MAX] for i in range(0, len(ready), SQS_BATCH_MAX)]
         await asyncio.gather(*(self._keep(batch) for batch in batches))
 
     async def _keep(self, batch: list[Message]) -> None:
