@@ -44,11 +44,8 @@ def enter(trace: TaskTrace) -> None:
 def batch(
     operation: str, destination: str, traces: Iterable[TaskTrace], kind: str = "client"
 ) -> contextlib.AbstractContextManager[Any]:
-    """A span around one batch call made for several tasks, linked to each recorded one.
-
-    It is a root span of its own (one call serves tasks of many traces); none is made
-    when no task it serves is recorded.
-    """
+    """A span around one batch call made for several tasks, linked to each recorded one:
+    a root of its own (one call serves tasks of many traces), none when none is recorded."""
     served = list(traces)
     recorded = [t for t in served if t.recording]
     if not recorded:
@@ -68,11 +65,9 @@ def disabled_by(environ: Mapping[str, str]) -> str:
 
 def from_env(*, service_instance: str = "", component: str = "") -> Tracer:
     """The tracer OpenTelemetry's variables ask for: OFF unless the extra is installed and
-    tracing is not switched off. Raises `config.ExternalConfigError` naming a bad variable.
-
+    tracing is not switched off; `config.ExternalConfigError` names a bad variable.
     `service_instance` names this process (`service.instance.id`), `component` what it is
-    (`worker`, `enqueue`: the resource's `sqsinfer.component`).
-    """
+    (`worker`, `enqueue`: the resource's `sqsinfer.component`)."""
     if disabled_by(os.environ):
         return OFF
     try:

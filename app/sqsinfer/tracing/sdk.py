@@ -20,8 +20,9 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.propagators.aws import AwsXRayPropagator
 from opentelemetry.sdk.resources import SERVICE_NAME, OTELResourceDetector, Resource
-from opentelemetry.sdk.trace import TracerProvider, sampling
+from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor, TracerProvider, sampling
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
@@ -34,6 +35,7 @@ _XRAY, _XRAY_KEY = AwsXRayPropagator(), "X-Amzn-Trace-Id"  # the header AWSTrace
 _ROOT = Context()  # a parent of nothing: a new trace
 _KINDS = {"client": SpanKind.CLIENT, "producer": SpanKind.PRODUCER}
 _SYSTEM = {"messaging.system": "aws_sqs"}
+_CREATE = dict.fromkeys(("messaging.operation.type", "messaging.operation"), "create")
 # messaging.operation.type of each SQS call (ChangeMessageVisibilityBatch has none).
 _TYPES = {"ReceiveMessage": "receive", "DeleteMessageBatch": "settle"}
 _TYPES |= {"SendMessage": "send", "SendMessageBatch": "send"}
@@ -149,9 +151,7 @@ class SdkTask(api.TaskTrace):
     __slots__ = ("_context", "_span", "_start_ns", "_tracer", "recording")
 
     def __init__(self, tracer: SdkTracer, span: trace.Span, start_ns: int) -> None:
-        self._tracer = tracer
-        self._span = span
-        self._start_ns = start_ns
+        self._tracer, self._span, self._start_ns = tracer, span, start_ns
         self._context = trace.set_span_in_context(span)  # its steps' parent
         self.recording = span.is_recording()  # asked once: an ended span says False
 
@@ -166,16 +166,26 @@ class SdkTask(api.TaskTrace):
     ) -> None:
         if not self.recording:
             return
-        end = time.time_ns()
+        # Ended as it is made, and sampled with its task: the SDK's finished span, straight
+        # to the processors, without a live span's bookkeeping (half of tracing's calls).
+        end, tracer, own = time.time_ns(), self._tracer, self._span.get_span_context()
         start = end - _ns(seconds)
-        span = self._tracer.otel.start_span(
-            name, self._context, attributes=attributes, start_time=start
+        span_id = tracer.provider.id_generator.generate_span_id()
+        context = trace.SpanContext(own.trace_id, span_id, False, own.trace_flags, own.trace_state)
+        span = ReadableSpan(
+            name,
+            context,
+            own,
+            tracer.provider.resource,
+            attributes,
+            tuple(Event(event, facts, start + _ns(at_s)) for event, at_s, facts in events),
+            status=Status(StatusCode.ERROR, error) if error else Status(),
+            start_time=start,
+            end_time=end,
+            instrumentation_scope=tracer.scope,
         )
-        for event, at_s, facts in events:
-            span.add_event(event, facts, start + _ns(at_s))
-        if error:
-            span.set_status(Status(StatusCode.ERROR, error))
-        span.end(end)
+        for processor in tracer.processors:
+            processor.on_end(span)
 
     def call(
         self, operation: str, queue_url: str, kind: str = "client"
@@ -183,8 +193,7 @@ class SdkTask(api.TaskTrace):
         if not self.recording:
             return contextlib.nullcontext()
         name, attributes = _call(operation, queue_url, None)
-        span = self._tracer.otel.start_span(name, self._context, _KINDS[kind], attributes)
-        return _around(span)
+        return _around(self._tracer.otel.start_span(name, self._context, _KINDS[kind], attributes))
 
     def batch(
         self,
@@ -225,9 +234,10 @@ class SdkTask(api.TaskTrace):
 class SdkTracer(api.Tracer):
     enabled = True
 
-    def __init__(self, provider: TracerProvider) -> None:
-        self.provider = provider
+    def __init__(self, provider: TracerProvider, processors: Sequence[SpanProcessor]) -> None:
+        self.provider, self.processors = provider, processors
         self.otel = provider.get_tracer("sqsinfer", __version__)
+        self.scope = InstrumentationScope("sqsinfer", __version__)
 
     @classmethod
     def from_env(
@@ -237,9 +247,10 @@ class SdkTracer(api.Tracer):
         resource = _resource(service_instance, component)
         # Its own atexit hook would wait for an unreachable collector: `shutdown` is bounded.
         provider = TracerProvider(sampler, resource, shutdown_on_exit=False)
-        for exporter in exporters:
-            provider.add_span_processor(BatchSpanProcessor(exporter))
-        return cls(provider)
+        processors = [BatchSpanProcessor(exporter) for exporter in exporters]
+        for processor in processors:
+            provider.add_span_processor(processor)
+        return cls(provider, processors)
 
     def start(self, name: str, parent: Context, kind: SpanKind, facts: Any, at: int = 0) -> SdkTask:
         at = at or time.time_ns()
@@ -270,17 +281,13 @@ class SdkTracer(api.Tracer):
 
     def produce(self, queue_url: str, task_id: str) -> api.TaskTrace:
         queue = api.queue_name(queue_url)
-        attributes = _SYSTEM | {
-            "messaging.operation.type": "create",
-            "messaging.operation": "create",
-        }
+        attributes = _SYSTEM | _CREATE
         attributes |= {"messaging.destination.name": queue, "sqsinfer.task_id": task_id}
         return self.start(f"create {queue}", _ROOT, SpanKind.PRODUCER, attributes)
 
     def shutdown(self, timeout_s: float = api.FLUSH_S) -> bool:
-        """Export what is left and stop, in a thread of its own waited for `timeout_s`: an
-        export stuck on a collector that is down or slow is left behind with its spans (a
-        daemon thread, it holds up no exit)."""
+        """Export what is left and stop, in a thread of its own waited for `timeout_s`: an export
+        stuck on a down or slow collector is left behind with its spans (a daemon thread)."""
         done = threading.Event()
 
         def close() -> None:
