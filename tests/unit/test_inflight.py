@@ -37,37 +37,6 @@ def test_auto_stays_within_its_ceiling():
     assert limit.value == 10
 
 
-def _budgeted(ceiling: int = 16, most: int = 64) -> InFlightLimit:
-    # The ceiling's inputs at 64 MiB each: /dev/shm's room for in-flight inputs.
-    limit = InFlightLimit(2, value=4, auto=True, ceiling=ceiling, most=most)
-    limit.budget_bytes = ceiling * (64 << 20)
-    return limit
-
-
-def _feed_sized(limit: InFlightLimit, message_bytes: int, times: int = 200) -> None:
-    for _ in range(times):
-        limit.observe_task(1.0, 0.001, message_bytes)  # I/O bound: the limit wants its most
-
-
-def test_auto_holds_more_small_messages_than_the_ceiling_up_to_its_most():
-    limit = _budgeted()
-    _feed_sized(limit, message_bytes=(1 << 20) + 40_000)  # a 1 MiB segment and its output
-    assert limit.value == 64
-
-
-def test_auto_holds_no_more_than_the_room_holds_at_the_measured_size():
-    limit = _budgeted()
-    _feed_sized(limit, message_bytes=24 << 20)
-    # 16 x 64 MiB of room, 24 MiB a message with its headroom of 1.5: 28
-    assert limit.value == 28
-
-
-def test_messages_of_the_largest_size_keep_the_ceiling():
-    limit = _budgeted()
-    _feed_sized(limit, message_bytes=64 << 20)
-    assert limit.value == 16
-
-
 def test_a_change_smaller_than_one_message_is_noise_and_ignored():
     limit = _auto()
     limit.value = 11
@@ -98,9 +67,6 @@ def test_settings_start_the_limit_and_bound_it(prefetch, start, ceiling, model_p
     )
     limit = InFlightLimit.from_settings(settings)
     assert (limit.value, limit.ceiling, limit.auto) == (start, ceiling, prefetch == "auto")
-    # auto may hold up to 32 small messages a process; a pinned prefetch, exactly its own
-    assert limit.most == (64 if prefetch == "auto" else ceiling)
-    assert limit.budget_bytes == ceiling * (1 << 20)  # 1024 bytes take a segment of 1 MiB
 
 
 @pytest.fixture

@@ -5,11 +5,8 @@ chart's helpers (`sqsinfer.inFlight`, a test keeps them equal) follow:
 
 - pinned (`prefetch` N): processes × N, always;
 - auto: it starts at processes × min(`AUTO_START_PREFETCH`, max_prefetch) and is then
-  sized from measured times (`InFlightLimit.observe_task`). Its ceiling is processes ×
-  max_prefetch inputs of the largest size (`max_input_bytes`): what /dev/shm is sized
-  for. Messages measured smaller hold less of it, and auto may then hold as many as that
-  room takes at their measured size, up to processes × `AUTO_MOST_PREFETCH` (what the
-  connection pools are sized for).
+  sized from measured times (`InFlightLimit.observe_task`), never above processes ×
+  max_prefetch (what /dev/shm and the connection pools are sized for).
 """
 
 from __future__ import annotations
@@ -22,11 +19,6 @@ from sqsinfer import config, shm
 from sqsinfer.limits import SQS_BATCH_MAX
 
 AUTO_START_PREFETCH = 2  # auto's limit per process until the first tasks are measured
-# Auto's most messages per process, when they are small: under S3's and SQS's latency (a
-# GET, a PUT and a receive of tens of milliseconds each) a task of 25 ms of compute holds
-# its slot about 200 ms, and Little's law wants 9 a process, 18 with the headroom; 8 left
-# the processes idle a quarter of the time (docs/performance.md, "Under AWS latency").
-AUTO_MOST_PREFETCH = 32
 
 
 def starting(processes: int, prefetch: int | str, max_prefetch: int) -> int:
@@ -37,19 +29,10 @@ def starting(processes: int, prefetch: int | str, max_prefetch: int) -> int:
 
 
 def most(processes: int, prefetch: int | str, max_prefetch: int) -> int:
-    """The most inputs of the largest size: the pinned prefetch, or max_prefetch when auto
-    (what /dev/shm is sized for)."""
+    """The most the limit can become: the pinned prefetch, or max_prefetch when auto."""
     if isinstance(prefetch, int):
         return processes * prefetch
     return processes * max_prefetch
-
-
-def most_messages(processes: int, prefetch: int | str, max_prefetch: int) -> int:
-    """The most the limit can become: the pinned prefetch, or, when auto, as many as
-    small messages may reach (`AUTO_MOST_PREFETCH`, or max_prefetch if it is higher)."""
-    if isinstance(prefetch, int):
-        return processes * prefetch
-    return processes * max(max_prefetch, AUTO_MOST_PREFETCH)
 
 
 # A receive is worth its call once this share of the limit is free (and at least one,
@@ -63,9 +46,6 @@ def receive_batch(limit: int) -> int:
 
 
 LIMIT_ALPHA = 0.05  # the averages behind the auto limit follow about the last 20 tasks
-# A message's measured bytes are an average; inputs vary around it, and /dev/shm must
-# still hold those in flight when larger ones come together.
-BYTES_HEADROOM = 1.5
 
 
 @dataclass
@@ -90,19 +70,13 @@ class InFlightLimit:
     message's I/O (its HEAD, GET, commit, and the receive that refills it) and for its
     compute; each process stays fed when processes × (1 + io / compute) messages hold
     slots. `HEADROOM` covers the spread around the averages. Bounded by `ceiling`
-    (processes × max_prefetch, and what /dev/shm can hold at max_input_bytes each) until
-    messages are measured; then by as many as `budget_bytes` (the ceiling's inputs at
-    max_input_bytes each) holds at their measured bytes (input segment and output), never
-    below `ceiling` nor above `most`.
+    (processes × max_prefetch, and what /dev/shm can hold at max_input_bytes each).
     """
 
     processes: int
     value: int
     auto: bool
     ceiling: int
-    most: int = 0  # the most messages (0: the ceiling)
-    budget_bytes: int = 0  # /dev/shm's room for in-flight inputs (0: none measured by)
-    message_bytes: Ema = dataclasses.field(default_factory=lambda: Ema(LIMIT_ALPHA))
     io_s: Ema = dataclasses.field(default_factory=lambda: Ema(LIMIT_ALPHA))
     compute_s: Ema = dataclasses.field(default_factory=lambda: Ema(LIMIT_ALPHA))
     receive_s: Ema = dataclasses.field(default_factory=lambda: Ema(LIMIT_ALPHA))
@@ -122,26 +96,7 @@ class InFlightLimit:
             slots = shm_slots(s.max_input_bytes, s.processes, shm_dir)
             ceiling = max(s.processes, min(ceiling, slots))
         first = starting(s.processes, s.prefetch, s.max_prefetch)
-        return cls(
-            s.processes,
-            min(first, ceiling),
-            auto,
-            ceiling,
-            most=most_messages(s.processes, s.prefetch, s.max_prefetch) if auto else ceiling,
-            budget_bytes=ceiling * shm.segment_bytes(s.max_input_bytes),
-        )
-
-    def __post_init__(self) -> None:
-        self.most = max(self.most, self.ceiling)
-
-    def bound(self) -> int:
-        """The most messages now: the ceiling, or, once messages are measured smaller than
-        the largest input, as many as the budget holds at their size (up to `most`)."""
-        size = self.message_bytes.value
-        if not self.auto or not size or self.budget_bytes <= 0:
-            return self.ceiling
-        fits = int(self.budget_bytes // (size * BYTES_HEADROOM))
-        return max(self.ceiling, min(self.most, fits))
+        return cls(s.processes, min(first, ceiling), auto, ceiling)
 
     @property
     def receive_batch(self) -> int:
@@ -151,17 +106,14 @@ class InFlightLimit:
     def observe_receive(self, seconds: float) -> None:
         self.receive_s.add(seconds)
 
-    def observe_task(self, io_s: float, compute_s: float, message_bytes: int = 0) -> int | None:
-        """Note one message's I/O and compute time, and the bytes it held (its input's
-        segment and its output; 0: not known); the new limit when it changes."""
+    def observe_task(self, io_s: float, compute_s: float) -> int | None:
+        """Note one message's I/O and compute time; the new limit when it changes."""
         io, compute = self.io_s.add(io_s), self.compute_s.add(compute_s)
-        if message_bytes > 0:
-            self.message_bytes.add(float(message_bytes))
         self.samples += 1
         if not self.auto or self.samples < self.processes * 2 or compute <= 0:
             return None
         wanted = self.processes * (1 + (io + (self.receive_s.value or 0.0)) / compute)
-        wanted = min(float(self.bound()), max(float(self.processes), wanted * self.HEADROOM))
+        wanted = min(float(self.ceiling), max(float(self.processes), wanted * self.HEADROOM))
         if abs(wanted - self.value) < 1.0:  # hysteresis: no change for noise around it
             return None
         self.value = round(wanted)

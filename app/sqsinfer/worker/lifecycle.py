@@ -157,7 +157,7 @@ class Worker:
 
     def _clients(self) -> contextlib.AbstractAsyncContextManager[Clients]:
         s = self.settings
-        return open_clients(s.region, s.endpoint_url, self.limit.most, s.wait_time_s + 30.0)
+        return open_clients(s.region, s.endpoint_url, self.limit.ceiling, s.wait_time_s + 30.0)
 
     def stop(self) -> None:
         """Ask the worker to stop; asking again forces it (no wait for the drain)."""
@@ -235,7 +235,6 @@ class Worker:
                 "in_flight_limit": self.limit.value,
                 "auto": self.limit.auto,
                 "ceiling": self.limit.ceiling,
-                "most": self.limit.most,
             },
         )
         self._last_activity = time.monotonic()
@@ -371,7 +370,7 @@ class Worker:
         held_s = time.monotonic() - held.message.received_at
         io_s = max(0.0, held_s - compute_s - held.timings.get(Phase.WAIT_PROCESS.value, 0.0))
         before = self.limit.value
-        if self.limit.observe_task(io_s, compute_s, held.held_bytes) is not None:
+        if self.limit.observe_task(io_s, compute_s) is not None:
             self.metrics.in_flight_limit.set(self.limit.value)
             log.info(
                 Event.IN_FLIGHT_LIMIT_CHANGED,
