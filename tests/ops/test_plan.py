@@ -440,10 +440,12 @@ async def test_a_fleet_of_workers_makes_the_calls_the_plan_counts(
         if kind.port == port and (kind.service, kind.operation, kind.target) in PLAN_API:
             made[PLAN_API[kind.service, kind.operation, kind.target]] += n.requests
     # A message whose visibility lapsed on a loaded machine is delivered again: that
-    # delivery looks first (HEAD) and finds its output. None is planned, each is counted.
+    # delivery looks first (HEAD). None is planned, each is counted. A redelivery that
+    # looked while the first was still computing finds nothing, computes, meets the first's
+    # output with its own put (412) and looks again, whose it is: a second HEAD.
     deliveries = sum(sum(w.metrics.outcomes.values()) for w in workers)
     again = deliveries - FLEET_TASKS
-    assert made[Api.HEAD] == again
+    assert again <= made[Api.HEAD] <= 2 * again
     assert made[Api.HEAD_MARKER] <= again
     seconds_per_task = commits.seconds_per_task()
     assert 0.95 * TASK_S < seconds_per_task < 2 * TASK_S  # (commits seen every 20 ms)
