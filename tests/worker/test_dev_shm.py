@@ -219,12 +219,16 @@ def test_the_sweep_spares_a_live_worker_in_another_pid_namespace_and_sweeps_it_o
             # The first container killed at once (its pid 1: the kernel kills the rest).
             os.kill(first.worker_pid(), signal.SIGKILL)
             first.process.wait(timeout=60)
-        assert _segments(dev_shm) == kept and _locks(dev_shm) == first_lock  # left behind
+        # Left behind: its lock, and its segments but those its resource tracker unlinked
+        # first (the tracker sees its worker's pipe close, and the kernel's kill of the
+        # rest of the namespace can reach it a moment after).
+        left = _segments(dev_shm)
+        assert left <= kept and _locks(dev_shm) == first_lock
         third_env = _env(stage, model_path, SQSINFER_MAX_INPUT_BYTES=str(INPUT_BYTES))
         with worker(on_dev_shm(dev_shm), third_env, logs / "third") as third:
             third.wait_ready()
             assert _segments(dev_shm) == set()
             assert _locks(dev_shm) == set()
             (swept,) = third.logged("swept what dead workers left")
-            assert swept["segments"] == len(kept)
+            assert (swept["segments"], swept["locks"]) == (len(left), 1)
             assert third.stop() == 0
