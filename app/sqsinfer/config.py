@@ -186,11 +186,15 @@ class Settings:
     prefetch: int | str = _opt(
         AUTO,
         "in-flight messages per process: auto (sized from the measured I/O and compute times "
-        "per task, at most max_prefetch) or a number that pins it",
+        "per task, at most max_prefetch inputs of the largest size, up to 32 messages when "
+        "they measure smaller) or a number that pins it",
         parse_prefetch,
     )
     max_prefetch: int = _opt(
-        8, "most in-flight messages per process when prefetch is auto (sizes /dev/shm)", int
+        8,
+        "in-flight inputs of max_input_bytes per process that /dev/shm is sized for when "
+        "prefetch is auto (auto holds more messages, up to 32, while they measure smaller)",
+        int,
     )
     coalesce: bool = _opt(
         True,

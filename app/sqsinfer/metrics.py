@@ -179,6 +179,13 @@ class Metrics:
             ["operation"],
             registry=r,
         )
+        self.throttled = Counter(
+            "sqsinfer_throttled",
+            "Answers of S3 or SQS asking this worker to slow down (SlowDown, throttling), "
+            "each attempt's, by service",
+            ["service"],
+            registry=r,
+        )
         self.in_flight_limit = Gauge(
             "sqsinfer_in_flight_limit",
             "Slots: messages this worker may work on at once, pinned or sized from measured "
@@ -236,6 +243,8 @@ class Metrics:
         for operation in AWS_OPERATIONS:
             self.aws_requests.labels(operation)
             self.aws_errors.labels(operation)
+        for service in ("s3", "sqs"):
+            self.throttled.labels(service)
 
     def observe(self, phase: Phase, seconds: float) -> None:
         self.phase_seconds.labels(phase).observe(seconds)

@@ -45,17 +45,37 @@ async def test_a_stalled_delete_holds_no_slot_and_the_cap_holds_the_rest(
 async def test_auto_prefetch_sizes_the_limit_from_measured_times(
     stage: Stage, make_settings, caplog
 ):
-    """Compute is tiny next to the calls: the limit rises to its ceiling, and says so."""
+    """Compute is tiny next to the calls: the limit rises to its ceiling, and says so.
+    /dev/shm's room is sized for 3 inputs of 2 MiB: the inputs measured (a segment of
+    1 MiB each, with their headroom) leave no room for a fourth."""
     for i in range(12):
         stage.send({"task_id": f"a{i}", "input": _input(stage, f"a{i}.npy")})
     caplog.set_level(logging.INFO, logger="sqsinfer.worker")
-    async with running(_scripted(make_settings, max_prefetch=3)) as worker:
+    settings = _scripted(make_settings, max_prefetch=3, max_input_bytes=2 << 20)
+    async with running(settings) as worker:
         assert worker.limit.auto and worker.limit.value == 2  # one process, 2 to start
         await eventually(lambda: outcome_count(worker, "committed") == 12)
     assert sample(worker.metrics, "sqsinfer_in_flight_limit") == worker.limit.value == 3
     changes = [r for r in caplog.records if r.getMessage() == "in-flight limit changed"]
     assert [(r.__dict__["from"], r.__dict__["to"]) for r in changes] == [(2, 3)]
     assert changes[0].__dict__["compute_ms"] < changes[0].__dict__["io_ms"]
+
+
+async def test_auto_prefetch_holds_small_messages_past_the_ceiling(
+    stage: Stage, make_settings, caplog
+):
+    """The same, with room sized for 3 inputs of 64 MiB: small messages take a sliver of
+    it each, and the limit rises past the ceiling, as far as its measured times want."""
+    for i in range(16):
+        stage.send({"task_id": f"s{i}", "input": _input(stage, f"s{i}.npy")})
+    caplog.set_level(logging.INFO, logger="sqsinfer.worker")
+    async with running(_scripted(make_settings, max_prefetch=3)) as worker:
+        assert (worker.limit.ceiling, worker.limit.most) == (3, 32)
+        await eventually(lambda: outcome_count(worker, "committed") == 16)
+    changes = [r for r in caplog.records if r.getMessage() == "in-flight limit changed"]
+    assert changes and changes[0].__dict__["from"] == 2 and changes[0].__dict__["to"] > 3
+    assert 3 < changes[-1].__dict__["to"] == worker.limit.value <= 32
+    assert sample(worker.metrics, "sqsinfer_in_flight_limit") == worker.limit.value
 
 
 def _written(stage: Stage, task_id: str) -> None:

@@ -1,12 +1,15 @@
 """Throttling: S3's 503 SlowDown and SQS's RequestThrottled slow the worker down; no task
 fails for them, and the worker carries on at its pace once they stop.
 
-The SDK's clients retry in adaptive mode (a throttling answer turns on a client-side rate
-limiter); the data path (obstore) has a gate of its own (`s3.Throttle`) behind which every
-GET and PUT waits once obstore's own retries of a 503 are spent.
+The SDK's clients retry in standard mode (a throttled call backs off, holding its slot);
+the data path (obstore) has a gate of its own (`s3.Throttle`) behind which every GET and
+PUT waits once obstore's own retries of a 503 are spent. Each throttling answer is counted
+(`sqsinfer_throttled_total`), and auto prefetch halves its limit for it.
 """
 
 from __future__ import annotations
+
+import logging
 
 import pytest
 
@@ -52,6 +55,9 @@ async def test_throttling_slows_the_worker_down_and_fails_no_task(stage: Stage, 
                 stage.send({"task_id": f"a{i}", "input": _input(stage, f"a{i}.npy")})
             await eventually(lambda: len(stage.outputs()) == BEFORE + AFTER, timeout_s=120)
     assert throttled["s3:slowdown"] > 0 and throttled["sqs:throttling"] > 0, throttled
+    # Each counted: the data path's 503s past obstore's retries, the SDK's every attempt.
+    assert sample(worker.metrics, "sqsinfer_throttled_total", service="s3") > 0
+    assert sample(worker.metrics, "sqsinfer_throttled_total", service="sqs") > 0
     # Not one task failed or was handed back for a retry: every one committed, once.
     assert outcome_count(worker, "committed") == BEFORE + AFTER
     for outcome in ("retried", "rejected", "released", "duplicate"):
@@ -76,8 +82,32 @@ async def test_the_gate_backs_off_once_per_closing_and_starts_over_after_a_call(
     assert again is not None and again <= 0.2  # a call went through: from the start
 
 
+async def test_throttling_halves_auto_prefetch_and_keeps_it_from_growing(
+    stage: Stage, make_settings, caplog
+):
+    """SQS throttles from the start: the limit halves at once (two processes, from 4 to
+    2), says why, and does not grow on the tasks' measured times while throttled (their
+    I/O holds the SDK's backoffs); the tasks all commit all the same."""
+    caplog.set_level(logging.INFO, logger="sqsinfer.worker")
+    plan = FaultPlan(seed=6, sqs_throttling=0.5)
+    async with fault_proxy(stage, plan) as proxy:
+        settings = _scripted(make_settings, endpoint_url=proxy.url, processes=2)
+        for i in range(12):
+            stage.send({"task_id": f"t{i}", "input": _input(stage, f"t{i}.npy")})
+        async with running(settings) as worker:
+            await eventually(lambda: len(stage.outputs()) == 12, timeout_s=120)
+            plan.sqs_throttling = 0.0
+    assert proxy.counts["sqs:throttling"] > 0
+    changes = [r.__dict__ for r in caplog.records if r.getMessage() == "in-flight limit changed"]
+    assert changes and (changes[0]["from"], changes[0]["to"]) == (4, 2), changes
+    assert {c["reason"] for c in changes} == {"throttled"}  # never grown meanwhile
+    assert worker.limit.value == 2
+    assert sample(worker.metrics, "sqsinfer_throttled_total", service="sqs") > 0
+    assert outcome_count(worker, "committed") == 12
+
+
 @pytest.mark.parametrize("retries", [0, 3])
-def test_the_sdk_clients_retry_in_adaptive_mode(retries):
+def test_the_sdk_clients_retry_in_standard_mode(retries):
     config = client_config(4, retries=retries)
-    assert RETRY_MODE == "adaptive"
-    assert config.retries == {"mode": "adaptive", "max_attempts": retries}
+    assert RETRY_MODE == "standard"
+    assert config.retries == {"mode": "standard", "max_attempts": retries}

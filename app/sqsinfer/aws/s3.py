@@ -139,7 +139,8 @@ class DataPath:
     session's credentials (`credentials`, asked again every few minutes) and the SDK's
     number of retries. Everything else (the HEAD that reads an owner, the chain
     marker's compare-and-swap writes, whose age comes from the server's Date header)
-    stays on the SDK client. `on_call(operation, failed)` counts each call.
+    stays on the SDK client. `on_call(operation, failed)` counts each call;
+    `on_throttled("s3")` is told of each 503 once obstore's retries of it are spent.
     """
 
     def __init__(
@@ -147,10 +148,12 @@ class DataPath:
         route: Callable[[str], Awaitable[BucketRoute]],
         credentials: Callable[[], Awaitable[dict[str, Any]]],
         on_call: Callable[[str, bool], None] | None = None,
+        on_throttled: Callable[[str], None] | None = None,
     ) -> None:
         self._route = route
         self._credentials = credentials
         self._on_call = on_call or (lambda operation, failed: None)
+        self._on_throttled = on_throttled or (lambda service: None)
         self._stores: dict[str, S3Store] = {}
         self._making = asyncio.Lock()
         self.throttle = Throttle()
@@ -220,7 +223,10 @@ class DataPath:
                 with self.counted(operation):
                     found = await call()
             except GenericError as exc:
-                if not throttled(exc) or rounds == THROTTLE_ROUNDS:
+                if not throttled(exc):
+                    raise
+                self._on_throttled("s3")
+                if rounds == THROTTLE_ROUNDS:
                     raise
                 delay_s = self.throttle.slow_down()
                 if delay_s is not None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -18,6 +18,7 @@ import aiohttp
 from aiobotocore.config import AioConfig
 from aiobotocore.session import AioSession
 from botocore.exceptions import BotoCoreError, ClientError
+from botocore.retries import standard
 
 from sqsinfer.aws import endpoints
 from sqsinfer.aws.endpoints import AwsTarget, BucketRoute
@@ -26,16 +27,17 @@ from sqsinfer.aws.endpoints import AwsTarget, BucketRoute
 _SPARE_CONNECTIONS = 8
 # The SDK's retries after the first attempt (botocore's `max_attempts` counts retries).
 SDK_RETRIES = 3
-# Standard mode's retries (exponential backoff, a retry quota), and a client-side rate
-# limiter that a throttling answer (SlowDown, RequestThrottled, ThrottlingException ...)
-# turns on: each client then sends at most a rate cut from what it measured, growing back
-# (CUBIC) as calls succeed, so throttling slows the worker down instead of failing its
-# calls. Its quirks, known and accepted: one limiter per client (the S3 client's and the
-# SQS client's apart; obstore's data path has none, it has a gate of its own:
-# `s3.Throttle`), once on it stays on, and an answer without an error code (S3's 503 to a
-# HEAD has no body) is retried as a server error, not read as throttling. aiobotocore's
-# own limiter waits without blocking the event loop (botocore's sleeps in the thread).
-RETRY_MODE = "adaptive"
+# Standard mode: exponential backoff with jitter (to 20 s) and a retry quota. Not
+# botocore's adaptive mode, whose client-side rate limiter (one per client) AWS's SDKs
+# warn "assumes that the client is working against a single resource": throttling of one
+# slows every call of the client. Measured in the small chaos run: bursts of 503s on a
+# few chain markers cut the S3 client's rate to its floor (0.5 calls/s) for every HEAD
+# and marker of the worker; links waited up to 224 s, the run took 247 s with 32
+# messages in flight a process (48 s in standard mode). Throttling still slows the
+# worker down: a throttled call backs off holding its slot, auto halves its in-flight
+# limit on each throttling answer (`watch_throttling`, `InFlightLimit.slow_down`), and
+# the data path's GETs and PUTs wait behind a gate of their own (`s3.Throttle`).
+RETRY_MODE = "standard"
 # A next-stage send is retried by the worker itself, which must see each lost answer; an
 # attempt that hears nothing for this long counts as one that may have reached SQS.
 SINGLE_ATTEMPT_READ_TIMEOUT_S = 10.0
@@ -114,6 +116,12 @@ class Clients:
             "ca_bundle_from": t.ca_bundle_from,
         }
 
+    def watch_throttling(self, on_throttled: Callable[[str], None]) -> None:
+        """Call `on_throttled(service)` on each answer of the SDK's clients that asks to
+        slow down (each attempt's, those the SDK retries included)."""
+        for client in (self.s3, self.sqs, self.sqs_single_attempt):
+            watch_throttling(client, on_throttled)
+
     async def credentials(self) -> dict[str, Any]:
         """The session's credentials now, in obstore's shape, good for a few minutes (an
         S3Store asks again then: a refreshed role's keys are picked up)."""
@@ -125,6 +133,29 @@ class Clients:
             "token": frozen.token,
             "expires_at": datetime.now(UTC) + CREDENTIALS_REUSE,
         }
+
+
+_THROTTLING = standard.ThrottlingErrorDetector(standard.RetryEventAdapter())
+_S3_SLOW_DOWN = 503  # S3's SlowDown; its answer to a HEAD has no body to name it
+
+
+def watch_throttling(client: Any, on_throttled: Callable[[str], None]) -> None:
+    """Call `on_throttled(service)` on each answer of `client` that asks to slow down: a
+    throttling error code (as the SDK's retries read them), or S3's 503."""
+    service = client.meta.service_model.service_name
+
+    def answered(response: Any = None, **kwargs: Any) -> None:
+        if response is None:
+            return  # no answer at all: nothing asked to slow down
+        status = getattr(response[0], "status_code", 0)
+        if (service == "s3" and status == _S3_SLOW_DOWN) or _THROTTLING.is_throttling_error(
+            response=response, **kwargs
+        ):
+            on_throttled(service)
+
+    # needs-retry comes once per attempt, before the SDK decides on a retry; a handler
+    # that returns None leaves that decision to the SDK.
+    client.meta.events.register(f"needs-retry.{service}", answered)
 
 
 def client_config(

@@ -150,11 +150,11 @@ class Context:
         """Messages the scenario may hold at once (the feeder keeps the depth beyond them)."""
         if name == "naive":
             return self.processes
-        # auto: the worker may reach its max_prefetch; the other consumers keep the fixed
+        # auto: the worker may reach its most; the other consumers keep the fixed
         # prefetch they were measured with before auto existed (auto's starting point).
         max_prefetch = config.Settings.max_prefetch
         if name in WORKERS:
-            held = inflight.most(self.processes, self.prefetch, max_prefetch)
+            held = inflight.most_messages(self.processes, self.prefetch, max_prefetch)
         else:
             held = inflight.starting(self.processes, self.prefetch, max_prefetch)
         if name == "emulator-ceiling":

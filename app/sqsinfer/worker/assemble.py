@@ -60,11 +60,14 @@ def pipeline(
     found: Dependencies,
     pool: InferencePool,
     metrics: Metrics,
+    *,
+    on_throttled: Callable[[str], None],
 ) -> Pipeline:
     """The steps of one message, each given the client it needs: the input's GET and the
-    output's PUT through obstore; next-stage sends on the client without SDK retries, so
-    that the chain sees (and counts) every lost answer."""
-    data = DataPath(clients.route, clients.credentials, metrics.count_call)
+    output's PUT through obstore (`on_throttled` told of each 503 it meets); next-stage
+    sends on the client without SDK retries, so that the chain sees (and counts) every
+    lost answer."""
+    data = DataPath(clients.route, clients.credentials, metrics.count_call, on_throttled)
     next_stage = (
         BatchSender(clients.sqs_single_attempt, s.next_queue_url) if s.next_queue_url else None
     )

@@ -157,7 +157,7 @@ class Worker:
 
     def _clients(self) -> contextlib.AbstractAsyncContextManager[Clients]:
         s = self.settings
-        return open_clients(s.region, s.endpoint_url, self.limit.ceiling, s.wait_time_s + 30.0)
+        return open_clients(s.region, s.endpoint_url, self.limit.most, s.wait_time_s + 30.0)
 
     def stop(self) -> None:
         """Ask the worker to stop; asking again forces it (no wait for the drain)."""
@@ -186,6 +186,7 @@ class Worker:
         log.info(Event.STARTING, extra={"settings": config.describe(s), "aws": clients.describe()})
         for client in (clients.s3, clients.sqs, clients.sqs_single_attempt):
             self.metrics.count_aws_calls(client)
+        clients.watch_throttling(self._throttled)
         await asyncio.to_thread(shm.sweep)  # what workers killed before this one left
         found = await Preflight(s, clients, self._exit_requested).run()
         if self.should_exit:  # asked to stop meanwhile: spare the pool its start
@@ -207,7 +208,9 @@ class Worker:
                 "coalesce_max_rows": self.pool.coalesce_max_rows,
             },
         )
-        pipeline = assemble.pipeline(s, clients, found, self.pool, self.metrics)
+        pipeline = assemble.pipeline(
+            s, clients, found, self.pool, self.metrics, on_throttled=self._throttled
+        )
         pipeline.receive_ended = self._receive_ended
         self.keeper = assemble.keeper(s, pipeline.queue, self.metrics, self._expire)
         self._background.append(asyncio.create_task(self.keeper.run(), name="visibility"))
@@ -235,6 +238,7 @@ class Worker:
                 "in_flight_limit": self.limit.value,
                 "auto": self.limit.auto,
                 "ceiling": self.limit.ceiling,
+                "most": self.limit.most,
             },
         )
         self._last_activity = time.monotonic()
@@ -370,18 +374,30 @@ class Worker:
         held_s = time.monotonic() - held.message.received_at
         io_s = max(0.0, held_s - compute_s - held.timings.get(Phase.WAIT_PROCESS.value, 0.0))
         before = self.limit.value
-        if self.limit.observe_task(io_s, compute_s) is not None:
-            self.metrics.in_flight_limit.set(self.limit.value)
-            log.info(
-                Event.IN_FLIGHT_LIMIT_CHANGED,
-                extra={
-                    "from": before,
-                    "to": self.limit.value,
-                    "io_ms": round(1000 * (self.limit.io_s.value or 0.0), 1),
-                    "compute_ms": round(1000 * (self.limit.compute_s.value or 0.0), 1),
-                    "receive_ms": round(1000 * (self.limit.receive_s.value or 0.0), 1),
-                },
-            )
+        if self.limit.observe_task(io_s, compute_s, held.held_bytes) is not None:
+            self._limit_changed(before, "measured")
+
+    def _throttled(self, service: str) -> None:
+        """S3 or SQS asked to slow down (`Clients.watch_throttling`, the data path's 503s):
+        counted, and auto holds fewer messages for a while (`InFlightLimit.slow_down`)."""
+        self.metrics.throttled.labels(service).inc()
+        before = self.limit.value
+        if self.limit.slow_down() is not None:
+            self._limit_changed(before, "throttled")
+
+    def _limit_changed(self, before: int, reason: str) -> None:
+        self.metrics.in_flight_limit.set(self.limit.value)
+        log.info(
+            Event.IN_FLIGHT_LIMIT_CHANGED,
+            extra={
+                "from": before,
+                "to": self.limit.value,
+                "reason": reason,
+                "io_ms": round(1000 * (self.limit.io_s.value or 0.0), 1),
+                "compute_ms": round(1000 * (self.limit.compute_s.value or 0.0), 1),
+                "receive_ms": round(1000 * (self.limit.receive_s.value or 0.0), 1),
+            },
+        )
 
     def _finished(self, task: asyncio.Task[Outcome]) -> None:
         held = self.held.pop(task, None)

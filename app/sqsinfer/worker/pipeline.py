@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from sqsinfer import backoff, events, lineage, tracing
+from sqsinfer import backoff, events, lineage, shm, tracing
 from sqsinfer.aws.s3 import ObjectInfo, Storage
 from sqsinfer.aws.session import error_code
 from sqsinfer.aws.sqs import DeadLetter, FifoIds, Message, Sender, SqsQueue, dead_letter_copy
@@ -149,6 +149,8 @@ class Held:
     # Which delivery wrote the output and how old it was when this one found or wrote it:
     # the chain link's intent, and on a FIFO next stage whether SQS still deduplicates.
     written: Written | None = None
+    # What it held in flight: its input's segment and its output (the auto limit's bytes).
+    held_bytes: int = 0
 
     def release_slot(self) -> None:
         """The input is no longer needed and the outcome decided: what is left (the chain
@@ -549,6 +551,7 @@ class Pipeline:
             )
         with shared:
             result = await self._infer(held, task, shared.name, shared.size)
+        held.held_bytes = shm.segment_bytes(shared.size) + len(result["body"])
         held.step = Step.COMMITTING
         with Timer(held, self.metrics, Phase.COMMIT):
             held.wrote = await self._commit(held, task, result, shared)
