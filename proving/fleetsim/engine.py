@@ -336,7 +336,7 @@ class Simulation:
         pod.procs[i] = None
         pod.held -= 1
         limit = pod.limit
-        if limit.auto and limit.observe_task(self.get_s + commit_s, now - m.started_at):
+        if limit.auto and limit.observe_task(self.get_s + commit_s, now - m.started_at, now=now):
             pod.batch = limit.receive_batch
         if pod.waiting:
             self._start(pod, i, pod.waiting.popleft(), now)
@@ -361,7 +361,7 @@ class Simulation:
                 put.count += 1
                 commit_s += latency_s
             else:
-                commit_s += self._s3(put, t, latency_s)
+                commit_s += self._s3(pod, put, t, latency_s)
         settle = now + commit_s
         if self.sends:
             self._send(pod, settle)
@@ -385,15 +385,18 @@ class Simulation:
             self.events, (start + next(self.times), next(self.seq), self._complete, pod, m)
         )
 
-    def _s3(self, rate: Rate, t: float, latency_s: float) -> float:
+    def _s3(self, pod: Pod, rate: Rate, t: float, latency_s: float) -> float:
         """How long one S3 request takes from `t`: its latency, and when S3 answers SlowDown
         (the prefix's rate spent for that second), the data path's backoff before it goes
-        again. (obstore's own three quick retries are folded into the first wait.)"""
+        again, each SlowDown halving auto's limit as the worker's does. (obstore's own
+        three quick retries are folded into the first wait.)"""
         waited = 0.0
         for rounds in range(THROTTLE_ROUNDS + 1):
             if rate.take(t + waited):
                 return waited + latency_s
             self.out.s3_slowdowns += 1
+            if pod.limit.slow_down(now=t + waited) is not None:
+                pod.batch = pod.limit.receive_batch
             waited += THROTTLE_BACKOFF.delay_s(rounds)
         return waited + latency_s  # past the rounds: the worker would retry the message
 
@@ -455,7 +458,7 @@ class Simulation:
                     get.count += 1
                     ready += latency_s
                 else:
-                    ready += self._s3(get, ready, latency_s)
+                    ready += self._s3(pod, get, ready, latency_s)
             m = Held(count, at, ready, (message & 1) * RAN + looked * LOOKED)
             m.hold_until = hold_until
             pod.held += 1

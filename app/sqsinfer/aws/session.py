@@ -30,10 +30,11 @@ SDK_RETRIES = 3
 # Standard mode: exponential backoff with jitter (to 20 s) and a retry quota. Not
 # botocore's adaptive mode, whose client-side rate limiter (one per client) AWS's SDKs
 # warn "assumes that the client is working against a single resource": throttling of one
-# slows every call of the client. Measured in the small chaos run: bursts of 503s on a
-# few chain markers cut the S3 client's rate to its floor (0.5 calls/s) for every HEAD
-# and marker of the worker; links waited up to 224 s, the run took 247 s with 32
-# messages in flight a process (48 s in standard mode). Throttling still slows the
+# slows every call of the client. Measured in the small chaos run (32 messages a
+# process, 3 paired runs): bursts of 503s on a few chain markers cut the S3 client's
+# rate to its floor (0.5 calls/s) for every HEAD and marker of the worker; links waited
+# up to 226 s and the run took 284 s (one of three did not drain in its 300 s), against
+# 18 s and 48 s in standard mode (docs/performance.md). Throttling still slows the
 # worker down: a throttled call backs off holding its slot, auto halves its in-flight
 # limit on each throttling answer (`watch_throttling`, `InFlightLimit.slow_down`), and
 # the data path's GETs and PUTs wait behind a gate of their own (`s3.Throttle`).

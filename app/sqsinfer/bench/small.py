@@ -5,10 +5,11 @@ medium regime's model), two measurements, each with coalescing on and off:
 
 - the pool: the worker's own `InferencePool` and `compute` (the path every task takes),
   fed from shared memory with as many tasks in flight as the worker may hold (with
-  prefetch auto, the most of small messages: `inflight.most_messages`), no queue, no S3. What coalescing
-  changes where it acts: tasks/s, the processes' and the parent's CPU per task, tasks
-  per predict call. Coalesced, every task counts as small here whatever its rows (the
-  threshold at least the row count): a sweep of `--rows` shows where it stops paying.
+  prefetch auto, the most of small messages: `inflight.most_messages`), no queue, no
+  S3. What coalescing changes where it acts: tasks/s, the processes' and the parent's
+  CPU per task, tasks per predict call. Coalesced, every task counts as small here
+  whatever its rows (the threshold at least the row count): a sweep of `--rows` shows
+  where it stops paying.
 - the worker: `sqsinfer` (its defaults: coalesced up to `coalesce_max_rows`) and
   `sqsinfer-alone` (`SQSINFER_COALESCE=false`) on the stand-in, measured as every
   regime measures it.
