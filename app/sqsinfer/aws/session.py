@@ -149,6 +149,8 @@ def watch_throttling(client: Any, on_throttled: Callable[[str], None]) -> None:
         if response is None:
             return  # no answer at all: nothing asked to slow down
         status = getattr(response[0], "status_code", 0)
+        if status < 400:
+            return  # the answer of almost every call: spare it the detector's parsing
         if (service == "s3" and status == _S3_SLOW_DOWN) or _THROTTLING.is_throttling_error(
             response=response, **kwargs
         ):

@@ -166,7 +166,7 @@ class InFlightLimit:
     def slow_down(self, now: float | None = None) -> int | None:
         """A throttling answer: auto halves its limit (never below one per process) and
         holds it; the new limit when it changes."""
-        now = time.monotonic() if now is None else now
+        now = _now(now)
         if not self.auto:
             return None
         self.grows_after = now + self.THROTTLE_QUIET_S
@@ -200,7 +200,12 @@ class InFlightLimit:
         return self.value
 
     def _throttled_lately(self, now: float | None) -> bool:
-        return (time.monotonic() if now is None else now) < self.grows_after
+        return _now(now) < self.grows_after
+
+
+def _now(now: float | None) -> float:
+    """The time given (a simulation's), else the monotonic clock's."""
+    return time.monotonic() if now is None else now
 
 
 def shm_need_bytes(inputs: int, processes: int, max_input_bytes: int) -> int:
