@@ -299,7 +299,11 @@ def test_small_run_puts_coalesced_tasks_beside_tasks_scored_alone(tmp_path):
     (sqsinfer) and off (sqsinfer-alone); the ratios taken within the run, the target."""
     out = tmp_path / "out"
     argv = [sys.executable, "-m", "sqsinfer", "bench", "--regime", "small", "--quick"]
-    argv += ["--tasks", "10", "--warmup", "4", "--max-window-s", "10", "--processes", "1"]
+    # 60 tasks with 8 in flight: at least 52 computed inside the window, 50 ms of the
+    # processes' CPU or more, well above the 10 ms a clock tick counts. (10 tasks gave a
+    # tick or none; at auto's 32 for small messages all could be computed before it.)
+    argv += ["--tasks", "60", "--warmup", "4", "--max-window-s", "10", "--processes", "1"]
+    argv += ["--prefetch", "8"]
     argv += ["--out-dir", str(out), "--cache-dir", str(tmp_path / "cache")]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
